@@ -1,0 +1,180 @@
+-- Part 05: validation, settings and alert helpers shared by every other part.
+
+-- Names become parts of identifiers (outbox_<N>, pending_<I>_<tier>), so they are checked
+-- before any DDL runs; 40 bytes keeps every derived name under NAMEDATALEN.
+CREATE FUNCTION mailbox._check_name(p_kind text, p_name text, p_max_bytes int DEFAULT 40)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_name IS NULL THEN
+        RAISE EXCEPTION '% name must not be null', p_kind
+            USING ERRCODE = '22004',
+                  HINT = 'Pass a lowercase identifier such as orders or order_events.';
+    END IF;
+    IF p_name !~ '^[a-z_][a-z0-9_]*$' OR pg_catalog.octet_length(p_name) > p_max_bytes THEN
+        RAISE EXCEPTION 'invalid % name: %', p_kind, pg_catalog.quote_literal(p_name)
+            USING ERRCODE = '22023',
+                  DETAIL = pg_catalog.format(
+                      'Names of %s objects are lowercase identifiers [a-z_][a-z0-9_]* of at most %s bytes.',
+                      p_kind, p_max_bytes),
+                  HINT = 'Use lowercase letters, digits and underscores, starting with a letter or underscore.';
+    END IF;
+    RETURN p_name;
+END
+$$;
+
+-- Consumer group and consumer ids are free text (host names, pod names) but bounded.
+CREATE FUNCTION mailbox._check_id(p_kind text, p_value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be null', p_kind
+            USING ERRCODE = '22004', HINT = pg_catalog.format('Pass a non-empty %s.', p_kind);
+    END IF;
+    IF p_value = '' OR pg_catalog.char_length(p_value) > 200 THEN
+        RAISE EXCEPTION 'invalid %: %', p_kind, pg_catalog.quote_literal(p_value)
+            USING ERRCODE = '22023',
+                  HINT = pg_catalog.format('A %s is non-empty text of at most 200 characters.', p_kind);
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- A required argument that is NULL is always 22004 with the parameter named.
+CREATE FUNCTION mailbox._require(p_value anyelement, p_param text)
+RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be null', p_param
+            USING ERRCODE = '22004', HINT = pg_catalog.format('Pass a value for %s.', p_param);
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- Settings are custom GUCs (mailbox.*). An unset GUC means the documented default; a value
+-- that does not parse or is out of range is an error naming the GUC, never a silent default.
+CREATE FUNCTION mailbox._setting_int(p_name text, p_default int, p_min int, p_max int)
+RETURNS int
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_raw text := pg_catalog.current_setting('mailbox.' || p_name, true);
+    v_value bigint;
+BEGIN
+    IF v_raw IS NULL OR v_raw = '' THEN
+        RETURN p_default;
+    END IF;
+    IF v_raw !~ '^\s*-?[0-9]{1,18}\s*$' THEN
+        RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, pg_catalog.quote_literal(v_raw)
+            USING ERRCODE = '22023',
+                  HINT = pg_catalog.format('mailbox.%s takes an integer from %s to %s (default %s).',
+                                           p_name, p_min, p_max, p_default);
+    END IF;
+    v_value := v_raw::bigint;
+    IF v_value < p_min OR v_value > p_max THEN
+        RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, v_raw
+            USING ERRCODE = '22023',
+                  HINT = pg_catalog.format('mailbox.%s takes an integer from %s to %s (default %s).',
+                                           p_name, p_min, p_max, p_default);
+    END IF;
+    RETURN v_value::int;
+END
+$$;
+
+CREATE FUNCTION mailbox._setting_bool(p_name text, p_default boolean)
+RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_raw text := pg_catalog.lower(pg_catalog.btrim(pg_catalog.current_setting('mailbox.' || p_name, true)));
+BEGIN
+    IF v_raw IS NULL OR v_raw = '' THEN
+        RETURN p_default;
+    ELSIF v_raw IN ('on', 'true', 'yes', '1', 't', 'y') THEN
+        RETURN true;
+    ELSIF v_raw IN ('off', 'false', 'no', '0', 'f', 'n') THEN
+        RETURN false;
+    END IF;
+    RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, pg_catalog.quote_literal(v_raw)
+        USING ERRCODE = '22023',
+              HINT = pg_catalog.format('mailbox.%s takes on or off (default %s).',
+                                       p_name, CASE WHEN p_default THEN 'on' ELSE 'off' END);
+END
+$$;
+
+-- Alerts: a durable row for dashboards and a NOTIFY for whoever listens right now.
+CREATE TABLE mailbox.alert_log (
+    alert_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX alert_log_created_at_idx ON mailbox.alert_log (created_at);
+COMMENT ON TABLE mailbox.alert_log IS
+'pg_mailbox alerts, also sent as NOTIFY mailbox_alert; drained after mailbox.alert_retention_hours';
+SELECT pg_catalog.pg_extension_config_dump('mailbox.alert_log', '');
+
+CREATE FUNCTION mailbox._alert(p_event text, p_detail jsonb DEFAULT '{}')
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_payload jsonb := pg_catalog.jsonb_build_object('event', p_event)
+                       || coalesce(p_detail, '{}'::jsonb)
+                       || pg_catalog.jsonb_build_object('at', pg_catalog.now());
+BEGIN
+    INSERT INTO mailbox.alert_log (event, payload) VALUES (p_event, v_payload);
+    PERFORM pg_catalog.pg_notify('mailbox_alert', v_payload::text);
+END
+$$;
+
+-- Serialises pg_mailbox DDL (create/enable/drop) in this database, so two concurrent calls
+-- for the same name or table give one success and one clean 42710 instead of a unique
+-- violation. Hot paths never take it. The key pair is pg_mailbox's own (classid 'mbx').
+CREATE FUNCTION mailbox._ddl_lock()
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
+$$;
+
+-- The role that called into pg_mailbox. Inside a SECURITY DEFINER function current_user is the
+-- extension owner, but SET ROLE (the 'role' setting) and session_user are untouched, so they
+-- still name the caller. Used to make definer functions honour the caller's table privileges.
+CREATE FUNCTION mailbox._caller()
+RETURNS name
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN pg_catalog.current_setting('role') = 'none' THEN session_user
+                ELSE pg_catalog.current_setting('role')::name END;
+$$;
+
+-- 42501 unless the caller holds every listed privilege on the table: capturing a table must
+-- not become a way to read one you may not read.
+CREATE FUNCTION mailbox._check_table_privilege(p_rel oid, p_privileges text, p_action text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_catalog.has_table_privilege(mailbox._caller(), p_rel, p_privileges) THEN
+        RAISE EXCEPTION 'permission denied to % table: %', p_action, p_rel::regclass
+            USING ERRCODE = '42501',
+                  HINT = pg_catalog.format('Role %s needs %s on %s.', mailbox._caller(), p_privileges, p_rel::regclass);
+    END IF;
+END
+$$;

@@ -1,0 +1,305 @@
+-- Part 12: creating and removing outboxes.
+
+-- Creates the catalog row, the two partitions and the latest-row view of one outbox.
+-- Partitions are created standalone and then ATTACHed: ATTACH takes SHARE UPDATE EXCLUSIVE
+-- on the shared parent, so creating an outbox neither blocks producers of other outboxes nor
+-- queues behind their open transactions (CREATE TABLE ... PARTITION OF would take ACCESS
+-- EXCLUSIVE on the parent).
+CREATE FUNCTION mailbox._create_outbox_objects(
+    p_name text, p_source_rel oid, p_retention_hours int, p_inline_threshold_rows int
+)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int;
+    v_log text := 'outbox_' || p_name;
+    v_delta text := 'outbox_delta_rows_' || p_name;
+    v_latest text := 'outbox_latest_' || p_name;
+BEGIN
+    PERFORM mailbox._check_name('outbox', p_name);
+    PERFORM mailbox._ddl_lock();
+    PERFORM mailbox._require(p_retention_hours, 'p_retention_hours');
+    IF p_retention_hours < 0 THEN
+        RAISE EXCEPTION 'invalid retention for outbox %: % hours', p_name, p_retention_hours
+            USING ERRCODE = '22023', HINT = 'p_retention_hours is 0 (drain as soon as allowed) or more.';
+    END IF;
+    IF p_inline_threshold_rows < 0 THEN
+        RAISE EXCEPTION 'invalid inline threshold for outbox %: % rows', p_name, p_inline_threshold_rows
+            USING ERRCODE = '22023',
+                  HINT = 'p_inline_threshold_rows is NULL (use mailbox.outbox_inline_threshold_rows) or 0 or more.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM mailbox._outbox WHERE outbox_name = p_name) THEN
+        RAISE EXCEPTION 'outbox already exists: %', p_name
+            USING ERRCODE = '42710', HINT = 'Choose another name, or drop it with mailbox.drop_outbox().';
+    END IF;
+
+    INSERT INTO mailbox._outbox (outbox_name, source_rel, source_name, retention_hours, inline_threshold_rows)
+    VALUES (
+        p_name, p_source_rel,
+        CASE WHEN p_source_rel IS NOT NULL THEN
+            (SELECT pg_catalog.format('%s.%s', n.nspname, c.relname)
+               FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+              WHERE c.oid = p_source_rel)
+        END,
+        p_retention_hours, p_inline_threshold_rows
+    )
+    RETURNING outbox_key INTO v_key;
+
+    -- v_key is an integer this function generated, never caller text
+    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', v_log);
+    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_log ATTACH PARTITION mailbox.%I FOR VALUES IN (%s)',
+                              v_log, v_key);
+    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_delta_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', v_delta);
+    -- The foreign key lives on the pair of partitions, not on the parents: attaching a
+    -- partition under a parent-level key would lock the whole log against every producer.
+    EXECUTE pg_catalog.format(
+        'ALTER TABLE mailbox.%I ADD FOREIGN KEY (outbox_key, row_key) REFERENCES mailbox.%I (outbox_key, _id)'
+        ' ON DELETE CASCADE', v_delta, v_log);
+    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_delta_rows ATTACH PARTITION mailbox.%I FOR VALUES IN (%s)',
+                              v_delta, v_key);
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I AS SELECT outbox_id, event_id, created_at, source, event_type, key, headers, payload,'
+        ' inserted_count, deleted_count, is_claim_check, full_refresh FROM mailbox.%I ORDER BY _id DESC LIMIT 1',
+        v_latest, v_log);
+    EXECUTE pg_catalog.format('COMMENT ON TABLE mailbox.%I IS %s', v_log,
+                              pg_catalog.quote_literal('pg_mailbox outbox ' || p_name));
+    EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I TO mailbox_admin',
+                              v_log, v_delta, v_latest);
+    RETURN v_key;
+END
+$$;
+
+CREATE FUNCTION mailbox.create_outbox(
+    p_name text, p_retention_hours int DEFAULT 24, p_inline_threshold_rows int DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- creates tables in the extension's schema for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._create_outbox_objects(p_name, NULL, p_retention_hours, p_inline_threshold_rows);
+END
+$$;
+COMMENT ON FUNCTION mailbox.create_outbox(text, int, int) IS
+'create an outbox fed by mailbox.outbox_publish()';
+
+-- Checks a table to capture (already resolved): 42809 for non-tables, 22023 for ours/temp.
+CREATE FUNCTION mailbox._check_capturable(p_rel oid)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_kind char;
+    v_schema text;
+BEGIN
+    SELECT c.relkind, n.nspname INTO v_kind, v_schema
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table not found: %', p_rel
+            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
+    END IF;
+    IF v_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'not a table: %', p_rel::regclass
+            USING ERRCODE = '42809',
+                  DETAIL = pg_catalog.format('%s is a %s.', p_rel::regclass,
+                      CASE v_kind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                  WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'
+                                  WHEN 'i' THEN 'index' WHEN 'c' THEN 'composite type'
+                                  ELSE 'relation of kind ' || v_kind END),
+                  HINT = 'Only ordinary and partitioned tables can be captured; publish events with mailbox.outbox_publish() instead.';
+    END IF;
+    IF v_schema = 'mailbox' THEN
+        RAISE EXCEPTION 'cannot capture a pg_mailbox table: %', p_rel::regclass
+            USING ERRCODE = '22023', HINT = 'Capture your own tables, not the extension''s.';
+    END IF;
+    IF v_schema LIKE 'pg_temp%' THEN
+        RAISE EXCEPTION 'cannot capture a temporary table: %', p_rel::regclass
+            USING ERRCODE = '22023', HINT = 'Outbox rows outlive the session; capture a permanent table.';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION mailbox._derive_outbox_name_py(p_schema text, p_table text)
+RETURNS jsonb
+LANGUAGE plpython3u STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+if GD.get("mailbox.version") != "@EXTVERSION@":
+    plpy.execute("SELECT mailbox._python_load()")
+from mailbox_server import errors, naming
+return errors.envelope(plpy, naming.derive_outbox_name_sql, p_schema, p_table)
+$$;
+
+CREATE FUNCTION mailbox._derive_outbox_name(p_schema text, p_table text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT mailbox._unwrap(mailbox._derive_outbox_name_py(p_schema, p_table)) #>> '{}';
+$$;
+
+CREATE FUNCTION mailbox._install_capture(p_rel oid, p_key int)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_table regclass := p_rel::regclass;
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_update AFTER UPDATE ON %s'
+        ' REFERENCING OLD TABLE AS mailbox_old_rows NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS mailbox_old_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_truncate AFTER TRUNCATE ON %s'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+END
+$$;
+
+CREATE FUNCTION mailbox._enable_outbox(
+    p_rel oid,
+    p_retention_hours int,
+    p_inline_threshold_rows int,
+    p_outbox_name text,
+    p_initial_snapshot boolean
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- installs triggers on the caller's table that write into extension tables
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_name text;
+    v_key int;
+    v_schema text;
+    v_table text;
+BEGIN
+    PERFORM mailbox._check_capturable(p_rel);
+    IF p_outbox_name IS NOT NULL THEN
+        PERFORM mailbox._check_name('outbox', p_outbox_name);
+    END IF;
+    PERFORM mailbox._require(p_initial_snapshot, 'p_initial_snapshot');
+    PERFORM mailbox._check_table_privilege(p_rel, 'SELECT, TRIGGER', 'capture');
+    PERFORM mailbox._ddl_lock();
+    SELECT n.nspname, c.relname INTO v_schema, v_table
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    IF EXISTS (SELECT 1 FROM mailbox._outbox WHERE source_rel = p_rel) THEN
+        RAISE EXCEPTION 'outbox already enabled for table: %', pg_catalog.format('%I.%I', v_schema, v_table)
+            USING ERRCODE = '42710',
+                  HINT = 'mailbox.outboxes shows its outbox; disable it first to recreate it.';
+    END IF;
+    v_name := coalesce(p_outbox_name, mailbox._derive_outbox_name(v_schema, v_table));
+
+    v_key := mailbox._create_outbox_objects(v_name, p_rel, p_retention_hours, p_inline_threshold_rows);
+    PERFORM mailbox._install_capture(p_rel, v_key);
+    IF p_initial_snapshot THEN
+        PERFORM mailbox._write_snapshot(v_key);
+    END IF;
+    RETURN v_name;
+END
+$$;
+
+-- Deliberately SECURITY INVOKER without SET search_path: p_source is resolved with the
+-- caller's search_path (as a table name in the caller's own SQL would be). Everything
+-- privileged happens in _enable_outbox, which re-checks the table and the caller's rights.
+CREATE FUNCTION mailbox.enable_outbox(
+    p_source text,
+    p_retention_hours int DEFAULT 24,
+    p_inline_threshold_rows int DEFAULT NULL,
+    p_outbox_name text DEFAULT NULL,
+    p_initial_snapshot boolean DEFAULT false
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+DECLARE
+    v_rel oid;
+BEGIN
+    IF p_source IS NULL THEN
+        RAISE EXCEPTION 'p_source must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass the table to capture, as schema.table.';
+    END IF;
+    BEGIN
+        v_rel := pg_catalog.to_regclass(p_source);
+    EXCEPTION WHEN invalid_name OR syntax_error OR invalid_parameter_value THEN
+        RAISE EXCEPTION 'invalid table name: %', pg_catalog.quote_literal(p_source)
+            USING ERRCODE = '22023', HINT = 'Pass schema.table, quoting identifiers as in SQL.';
+    END;
+    IF v_rel IS NULL THEN
+        RAISE EXCEPTION 'table not found: %', p_source
+            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
+    END IF;
+    RETURN mailbox._enable_outbox(v_rel, p_retention_hours, p_inline_threshold_rows, p_outbox_name,
+                                  p_initial_snapshot);
+END
+$$;
+COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean) IS
+'capture every INSERT, UPDATE, DELETE and TRUNCATE of a table into an outbox; returns its name';
+
+CREATE FUNCTION mailbox.disable_outbox(p_name text, p_if_exists boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- drops extension tables and the capture triggers on the caller's table
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_outbox mailbox._outbox;
+    v_trigger text;
+BEGIN
+    PERFORM mailbox._require(p_name, 'p_name');
+    PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    PERFORM mailbox._ddl_lock();
+    SELECT * INTO v_outbox FROM mailbox._outbox WHERE outbox_name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        IF p_if_exists THEN
+            RAISE NOTICE 'outbox not found, skipping: %', p_name;
+            RETURN;
+        END IF;
+        PERFORM mailbox._outbox_key(p_name); -- raises 42704 with its hint
+    END IF;
+
+    -- the source may have been dropped already; its triggers went with it
+    FOR v_trigger IN
+        SELECT t.tgname FROM pg_catalog.pg_trigger AS t
+         WHERE t.tgrelid = v_outbox.source_rel AND NOT t.tgisinternal
+           AND t.tgfoid = 'mailbox._capture()'::regprocedure
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger, v_outbox.source_rel::regclass);
+    END LOOP;
+
+    DELETE FROM mailbox._claim_check_consumed WHERE outbox_key = v_outbox.outbox_key;
+    EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', 'outbox_latest_' || p_name);
+    -- detach before dropping: dropping a partition that foreign keys reference would need
+    -- CASCADE, which would drop those constraints on the shared parents
+    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_delta_rows DETACH PARTITION mailbox.%I',
+                              'outbox_delta_rows_' || p_name);
+    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', 'outbox_delta_rows_' || p_name);
+    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_log DETACH PARTITION mailbox.%I', 'outbox_' || p_name);
+    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', 'outbox_' || p_name);
+    -- consumer groups and their state go with the catalog row (ON DELETE CASCADE)
+    DELETE FROM mailbox._outbox WHERE outbox_key = v_outbox.outbox_key;
+END
+$$;
+COMMENT ON FUNCTION mailbox.disable_outbox(text, boolean) IS
+'remove an outbox: capture triggers, tables, view, consumer groups and catalog rows';
+
+CREATE FUNCTION mailbox.drop_outbox(p_name text, p_if_exists boolean DEFAULT false)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT mailbox.disable_outbox(p_name, p_if_exists);
+$$;
+COMMENT ON FUNCTION mailbox.drop_outbox(text, boolean) IS 'alias of mailbox.disable_outbox()';

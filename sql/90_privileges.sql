@@ -1,0 +1,29 @@
+-- Part 90: who may call what (SPEC §0). Runs last so it covers every function above.
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA mailbox FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA mailbox FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA mailbox FROM PUBLIC;
+
+-- mailbox_admin: lifecycle, status and maintenance (it is also a producer and a consumer)
+GRANT EXECUTE ON FUNCTION
+    mailbox.create_outbox(text, int, int),
+    mailbox.enable_outbox(text, int, int, text, boolean),
+    mailbox._enable_outbox(oid, int, int, text, boolean),
+    mailbox.disable_outbox(text, boolean),
+    mailbox.drop_outbox(text, boolean),
+    mailbox.outbox_snapshot(text),
+    mailbox.outbox_status(text)
+TO mailbox_admin;
+GRANT SELECT ON mailbox.outboxes, mailbox.alert_log TO mailbox_admin;
+
+-- mailbox_producer: publishing
+GRANT EXECUTE ON FUNCTION
+    mailbox.outbox_publish(text, jsonb, jsonb, text, text),
+    mailbox.outbox_publish_batch(text, jsonb[], jsonb, text, text)
+TO mailbox_producer;
+
+-- mailbox_consumer: reading
+GRANT EXECUTE ON FUNCTION
+    mailbox.outbox_delta_rows(text, bigint, int, int),
+    mailbox.outbox_rows_consumed(text, bigint, text)
+TO mailbox_consumer;

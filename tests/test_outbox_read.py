@@ -1,0 +1,132 @@
+"""Offsets (sequencer), claim-check paging, outbox_rows_consumed, outbox_status (SPEC §1.3)."""
+
+import psycopg
+import pytest
+from mbx import outbox_rows, raises, rows, scalar, sequence
+
+
+@pytest.fixture
+def big(db):
+    db.execute("CREATE TABLE t (id int, v text)")
+    db.execute("SELECT mailbox.enable_outbox('t', p_inline_threshold_rows => 0)")
+    db.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 2500) g")
+    sequence(db, "t")
+    return db
+
+
+def test_delta_rows_pages_by_keyset(big):
+    db = big
+    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    seen, after = [], 0
+    while True:
+        page = rows(db, "SELECT * FROM mailbox.outbox_delta_rows('t', %s, %s, 1000)", [offset, after])
+        if not page:
+            break
+        assert len(page) <= 1000
+        seen.extend(page)
+        after = page[-1][0]
+    assert [r[0] for r in seen] == list(range(1, 2501))
+    assert sorted(r[2]["id"] for r in seen) == list(range(1, 2501))
+    assert len(rows(db, "SELECT * FROM mailbox.outbox_delta_rows('t', %s)", [offset])) == 1000
+
+
+def test_delta_rows_errors(big):
+    db = big
+    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    with raises("42704"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('nope', 1)")
+    with raises("42704"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('t', 999)")
+    with raises("22023"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('t', %s, 0, 0)", [offset])
+    with raises("22004"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('t', NULL)")
+    with raises("22004"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('t', %s, NULL)", [offset])
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.outbox_publish('e', '{}')")
+    sequence(db, "e")
+    with raises("22023"):
+        db.execute("SELECT * FROM mailbox.outbox_delta_rows('e', 1)")
+
+
+def test_rows_consumed_is_idempotent_and_counts_in_status(big):
+    db = big
+    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    assert scalar(db, "SELECT mailbox.outbox_status('t')")["claim_check_pending_count"] == 1
+    db.execute("SELECT mailbox.outbox_rows_consumed('t', %s)", [offset])
+    db.execute("SELECT mailbox.outbox_rows_consumed('t', %s)", [offset])
+    assert scalar(db, "SELECT count(*) FROM mailbox._claim_check_consumed") == 1
+    assert scalar(db, "SELECT mailbox.outbox_status('t')")["claim_check_pending_count"] == 0
+    with raises("42704"):
+        db.execute("SELECT mailbox.outbox_rows_consumed('t', %s, 'no_such_group')", [offset])
+    with raises("42704"):
+        db.execute("SELECT mailbox.outbox_rows_consumed('t', 12345)")
+
+
+def test_status_reports_every_documented_key(big):
+    db = big
+    status = scalar(db, "SELECT mailbox.outbox_status('t')")
+    assert set(status) == {
+        "enabled", "outbox", "source", "outbox_table", "row_count", "head_offset", "oldest_row",
+        "newest_row", "total_bytes", "claim_check_pending_count", "storage_status",
+        "retention_hours", "last_drained_at", "last_drained_count", "consumer_groups",
+    }
+    assert status["enabled"] is True and status["outbox"] == "t" and status["source"] == "public.t"
+    assert status["outbox_table"] == "mailbox.outbox_t"
+    assert status["row_count"] == 1 and status["head_offset"] == 1
+    assert status["total_bytes"] > 0 and status["storage_status"] == "ok"
+    assert status["retention_hours"] == 24 and status["consumer_groups"] == []
+    db.execute("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+    db.execute("SET mailbox.outbox_storage_critical_mb = 1")
+    assert scalar(db, "SELECT mailbox.outbox_status('t')")["storage_status"] == "critical"
+    db.execute("SET mailbox.outbox_storage_critical_mb = 0")
+    with raises("22023") as info:
+        db.execute("SELECT mailbox.outbox_status('t')")
+    assert str(info.value).startswith("invalid value for setting mailbox.outbox_storage_critical_mb")
+    assert info.value.diag.message_hint
+    db.execute("RESET mailbox.outbox_storage_critical_mb")
+    with raises("42704"):
+        db.execute("SELECT mailbox.outbox_status('nope')")
+    db.execute("DROP TABLE t")
+    assert scalar(db, "SELECT mailbox.outbox_status('t')")["enabled"] is False
+
+
+def test_outboxes_view_and_latest_view(db):
+    db.execute("SELECT mailbox.create_outbox('e', 48, 7)")
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 1}')")
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 2}')")
+    assert scalar(db, "SELECT payload FROM mailbox.outbox_latest_e") == {"n": 2}
+    cur = db.cursor(row_factory=psycopg.rows.dict_row)
+    (view,) = cur.execute("SELECT * FROM mailbox.outboxes").fetchall()
+    assert view["outbox_name"] == "e" and view["source"] is None and view["enabled"]
+    assert (view["retention_hours"], view["inline_threshold_rows"]) == (48, 7)
+
+
+def test_offsets_follow_commit_visibility_not_insert_order(db, connect):
+    """A row whose transaction commits late gets a later offset instead of being skipped."""
+    db.execute("SELECT mailbox.create_outbox('e')")
+    late = connect(autocommit=False)
+    late.execute("SELECT mailbox.outbox_publish('e', '{\"who\": \"late\"}')")  # lower row key
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"who\": \"early\"}')")
+    assert sequence(db, "e") == 1
+    late.commit()
+    assert sequence(db, "e") == 1
+    got = {r["payload"]["who"]: r["outbox_id"] for r in outbox_rows(db, "e")}
+    assert got == {"early": 1, "late": 2}
+
+
+def test_concurrent_sequencers_never_hand_out_an_offset_twice(db, connect):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.outbox_publish_batch('e', array_fill('{}'::jsonb, ARRAY[500]))")
+    key = scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = 'e'")
+    first, second = connect(autocommit=False), connect(autocommit=False)
+    assert scalar(first, "SELECT mailbox._sequence_outbox(%s, 100)", [key]) == 100
+    # the first has not committed: the second finds the sequencer busy and returns at once
+    assert scalar(second, "SELECT mailbox._sequence_outbox(%s, 100)", [key]) == 0
+    first.commit()
+    assert scalar(second, "SELECT mailbox._sequence_outbox(%s, 1000)", [key]) == 400
+    second.commit()
+    offsets = sorted(r["outbox_id"] for r in outbox_rows(db, "e"))
+    assert offsets == list(range(1, 501))
+    assert scalar(db, "SELECT head_offset FROM mailbox.outboxes WHERE outbox_name = 'e'") == 500
