@@ -1,0 +1,22 @@
+"""run_maintenance(): one pass of every maintenance step, at most one pass at a time.
+
+Each domain module exposes ``run(plpy) -> dict`` of counts with keys prefixed by its
+domain (``outbox_*``, ``consumer_*``, ``inbox_*``, ``alert_*``); the pass returns them merged.
+A second concurrent call returns ``{"skipped": true}`` instead of waiting.
+"""
+
+from . import alerts, inbox_maintenance, outbox_maintenance
+
+# pg_mailbox's advisory lock namespace (see mailbox._ddl_lock): key 2 = maintenance
+LOCK_SQL = "SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 2) AS ok"
+
+STEPS = (outbox_maintenance.run, inbox_maintenance.run, alerts.run)
+
+
+def run(plpy):
+    if not plpy.execute(LOCK_SQL)[0]["ok"]:
+        return {"skipped": True}
+    result = {"skipped": False}
+    for step in STEPS:
+        result.update(step(plpy))
+    return result
