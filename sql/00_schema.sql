@@ -18,7 +18,8 @@ BEGIN
 END
 $roles$;
 
-GRANT mailbox_producer, mailbox_consumer TO mailbox_admin;
+GRANT mailbox_producer TO mailbox_admin;
+GRANT mailbox_consumer TO mailbox_admin;
 
 REVOKE ALL ON SCHEMA mailbox FROM PUBLIC;
 GRANT USAGE ON SCHEMA mailbox TO mailbox_admin, mailbox_producer, mailbox_consumer;

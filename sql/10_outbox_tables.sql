@@ -12,11 +12,15 @@ CREATE TABLE mailbox._outbox (
     source_name text,
     retention_hours int NOT NULL CHECK (retention_hours >= 0),
     inline_threshold_rows int CHECK (inline_threshold_rows >= 0),
-    -- highest offset handed out so far; advanced only by the sequencer under this row's lock
-    head_offset bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    last_drained_at timestamptz,
-    last_drained_count bigint
+    -- Sequencer state, changed only under this row's lock (see _sequence_outbox):
+    -- head_offset: highest offset handed out; seq_snapshot: every row visible in it has an
+    -- offset; win_snapshot/win_xid/win_id: the window being numbered and how far it got.
+    head_offset bigint NOT NULL DEFAULT 0,
+    seq_snapshot pg_snapshot NOT NULL DEFAULT '1:1:',
+    win_snapshot pg_snapshot,
+    win_xid xid8,
+    win_id bigint
 ) WITH (fillfactor = 50);
 CREATE UNIQUE INDEX _outbox_source_rel_idx ON mailbox._outbox (source_rel) WHERE source_rel IS NOT NULL;
 COMMENT ON TABLE mailbox._outbox IS 'pg_mailbox catalog: one row per outbox';
@@ -27,7 +31,6 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox', '');
 CREATE SEQUENCE mailbox._outbox_row_seq AS bigint;
 
 CREATE TABLE mailbox._outbox_log (
-    outbox_id bigint,
     event_id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     source text,
@@ -37,18 +40,15 @@ CREATE TABLE mailbox._outbox_log (
     payload jsonb NOT NULL,
     inserted_count int NOT NULL DEFAULT 0,
     deleted_count int NOT NULL DEFAULT 0,
-    is_claim_check boolean NOT NULL DEFAULT false,
-    full_refresh boolean NOT NULL DEFAULT false,
+    is_claim_check boolean NOT NULL DEFAULT FALSE,
+    full_refresh boolean NOT NULL DEFAULT FALSE,
     outbox_key int NOT NULL,
     _id bigint NOT NULL DEFAULT pg_catalog.nextval('mailbox._outbox_row_seq'),
+    -- the producer's top-level transaction: what the sequencer compares with snapshots
+    _xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
     PRIMARY KEY (outbox_key, _id)
 ) PARTITION BY LIST (outbox_key);
--- offsets: unique per outbox, so even a misused sequencer can never hand out one twice
-CREATE UNIQUE INDEX _outbox_log_offset_idx ON mailbox._outbox_log (outbox_key, outbox_id)
-    WHERE outbox_id IS NOT NULL;
--- committed rows still waiting for an offset; tiny, since rows leave it once sequenced
-CREATE INDEX _outbox_log_unsequenced_idx ON mailbox._outbox_log (outbox_key, _id)
-    WHERE outbox_id IS NULL;
+CREATE INDEX _outbox_log_xid_idx ON mailbox._outbox_log (outbox_key, _xid, _id);
 COMMENT ON TABLE mailbox._outbox_log IS
 'pg_mailbox outbox log; outbox N is partition mailbox.outbox_<N>';
 
@@ -63,6 +63,31 @@ CREATE TABLE mailbox._outbox_delta_rows (
 COMMENT ON TABLE mailbox._outbox_delta_rows IS
 'pg_mailbox claim-check rows; outbox N keeps them in partition mailbox.outbox_delta_rows_<N>, '
 'whose foreign key to mailbox.outbox_<N> deletes them with their row';
+
+-- Offsets: the sequencer numbers rows in chunks. Chunk (base_offset, ids) gives offsets
+-- base_offset + 1 .. base_offset + cardinality(ids) to the rows whose keys are ids, in order.
+-- Numbering writes one small row per chunk instead of rewriting every outbox row.
+CREATE TABLE mailbox._outbox_chunk (
+    outbox_key int NOT NULL REFERENCES mailbox._outbox (outbox_key) ON DELETE CASCADE,
+    base_offset bigint NOT NULL,
+    row_count int NOT NULL CHECK (row_count > 0),
+    ids bigint[] NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (outbox_key, base_offset)
+);
+COMMENT ON TABLE mailbox._outbox_chunk IS 'pg_mailbox: offsets of outbox rows, one row per numbered chunk';
+
+-- Retention state lives apart from mailbox._outbox so that maintenance never holds the row
+-- the sequencer locks.
+CREATE TABLE mailbox._outbox_retention (
+    outbox_key int PRIMARY KEY REFERENCES mailbox._outbox (outbox_key) ON DELETE CASCADE,
+    -- every offset at or below low_offset has been drained
+    low_offset bigint NOT NULL DEFAULT 0,
+    last_drained_at timestamptz,
+    last_drained_count bigint,
+    storage_alerted boolean NOT NULL DEFAULT FALSE
+);
+COMMENT ON TABLE mailbox._outbox_retention IS 'pg_mailbox: retention progress per outbox';
 
 -- Which groups finished reading a claim-check row (group '' = every group), so retention
 -- keeps its delta rows until they have been read.

@@ -46,6 +46,7 @@ BEGIN
         p_retention_hours, p_inline_threshold_rows
     )
     RETURNING outbox_key INTO v_key;
+    INSERT INTO mailbox._outbox_retention (outbox_key) VALUES (v_key);
 
     -- v_key is an integer this function generated, never caller text
     EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', v_log);
@@ -60,7 +61,7 @@ BEGIN
     EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_delta_rows ATTACH PARTITION mailbox.%I FOR VALUES IN (%s)',
                               v_delta, v_key);
     EXECUTE pg_catalog.format(
-        'CREATE VIEW mailbox.%I AS SELECT outbox_id, event_id, created_at, source, event_type, key, headers, payload,'
+        'CREATE VIEW mailbox.%I AS SELECT event_id, created_at, source, event_type, key, headers, payload,'
         ' inserted_count, deleted_count, is_claim_check, full_refresh FROM mailbox.%I ORDER BY _id DESC LIMIT 1',
         v_latest, v_log);
     EXECUTE pg_catalog.format('COMMENT ON TABLE mailbox.%I IS %s', v_log,
@@ -219,7 +220,7 @@ CREATE FUNCTION mailbox.enable_outbox(
     p_retention_hours int DEFAULT 24,
     p_inline_threshold_rows int DEFAULT NULL,
     p_outbox_name text DEFAULT NULL,
-    p_initial_snapshot boolean DEFAULT false
+    p_initial_snapshot boolean DEFAULT FALSE
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -248,7 +249,7 @@ $$;
 COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean) IS
 'capture every INSERT, UPDATE, DELETE and TRUNCATE of a table into an outbox; returns its name';
 
-CREATE FUNCTION mailbox.disable_outbox(p_name text, p_if_exists boolean DEFAULT false)
+CREATE FUNCTION mailbox.disable_outbox(p_name text, p_if_exists boolean DEFAULT FALSE)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- drops extension tables and the capture triggers on the caller's table
@@ -295,7 +296,7 @@ $$;
 COMMENT ON FUNCTION mailbox.disable_outbox(text, boolean) IS
 'remove an outbox: capture triggers, tables, view, consumer groups and catalog rows';
 
-CREATE FUNCTION mailbox.drop_outbox(p_name text, p_if_exists boolean DEFAULT false)
+CREATE FUNCTION mailbox.drop_outbox(p_name text, p_if_exists boolean DEFAULT FALSE)
 RETURNS void
 LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp

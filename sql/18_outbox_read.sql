@@ -1,11 +1,21 @@
 -- Part 18: offsets (the sequencer), claim-check pages, status.
 
--- Gives committed rows that have no offset yet the next offsets, in row-key order, and returns
--- how many it numbered. Only rows visible to this statement's snapshot -- i.e. committed --
--- are numbered, so a row whose transaction commits late simply gets a later offset: offsets
--- follow visibility, never skip a row, and are gapless (head_offset - group_offset = lag).
+-- The sequencer: gives committed rows that have no offset yet the next offsets and returns
+-- how many it numbered (at most about p_limit).
+--
+-- Rows carry their producer's top-level xid (_xid). seq_snapshot S_prev is a snapshot every
+-- visible row of which already has an offset. A window snapshot S_cur (taken now) adds the
+-- rows visible in S_cur but not in S_prev: those of transactions in progress at S_prev
+-- (xip(S_prev)) plus those with xmax(S_prev) <= _xid < xmax(S_cur), each only if visible in
+-- S_cur -- two index range scans, however long an unrelated transaction stays open.
+-- A window is numbered in chunks of at most mailbox.outbox_chunk_rows, in (_xid, _id) order.
+--
+-- Hence offsets follow visibility: a transaction that commits late simply lands in a later
+-- window, nothing is skipped, and offsets are gapless (head_offset - group_offset = lag).
 -- One sequencer per outbox runs at a time (the catalog row lock); a caller that finds it busy
--- returns 0 at once rather than waiting, and reads what the other one numbered.
+-- returns 0 at once and reads what the other one numbered. Only READ COMMITTED callers
+-- sequence: the statement snapshot must be newer than S_cur (a REPEATABLE READ snapshot could
+-- be older and miss rows of the window for good), so other levels just return 0.
 CREATE FUNCTION mailbox._sequence_outbox(p_key int, p_limit int DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -13,30 +23,95 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_head bigint;
-    v_count bigint;
+    v_seq pg_snapshot;
+    v_win pg_snapshot;
+    v_xid xid8;
+    v_id bigint;
+    v_fresh boolean;
+    v_chunk int := mailbox._setting_int('outbox_chunk_rows', 1000, 1, 1000000);
+    v_want int;
+    v_ids bigint[];
+    v_last_xid xid8;
+    v_n int;
+    v_total bigint := 0;
 BEGIN
-    SELECT o.head_offset INTO v_head FROM mailbox._outbox AS o
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN 0;
+    END IF;
+    SELECT o.head_offset, o.seq_snapshot, o.win_snapshot, o.win_xid, o.win_id
+      INTO v_head, v_seq, v_win, v_xid, v_id
+      FROM mailbox._outbox AS o
      WHERE o.outbox_key = p_key
        FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    WITH todo AS (
-        SELECT l._id, v_head + pg_catalog.row_number() OVER (ORDER BY l._id) AS new_offset
-          FROM mailbox._outbox_log AS l
-         WHERE l.outbox_key = p_key AND l.outbox_id IS NULL
-         ORDER BY l._id
-         LIMIT p_limit
-    )
-    UPDATE mailbox._outbox_log AS l SET outbox_id = todo.new_offset
-      FROM todo
-     WHERE l.outbox_key = p_key AND l._id = todo._id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        UPDATE mailbox._outbox SET head_offset = v_head + v_count WHERE outbox_key = p_key;
-    END IF;
-    RETURN v_count;
+    LOOP
+        v_fresh := v_win IS NULL;
+        IF v_fresh THEN
+            v_win := pg_catalog.pg_current_snapshot();
+            v_xid := '0'::xid8;
+            v_id := 0;
+        END IF;
+        v_want := least(v_chunk, greatest(p_limit - v_total, 1));
+        -- ordered by (_xid, _id), so the last row's xid is the greatest one
+        SELECT pg_catalog.array_agg(w._id ORDER BY w._xid, w._id), pg_catalog.max(w._xid)
+          INTO v_ids, v_last_xid
+          FROM (
+              (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
+                WHERE l.outbox_key = p_key
+                  AND l._xid = ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(v_seq)))
+                  AND (l._xid, l._id) > (v_xid, v_id)
+                  AND pg_catalog.pg_visible_in_snapshot(l._xid, v_win)
+                ORDER BY l._xid, l._id LIMIT v_want)
+              UNION ALL
+              (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
+                WHERE l.outbox_key = p_key
+                  AND l._xid >= pg_catalog.pg_snapshot_xmax(v_seq)
+                  AND l._xid < pg_catalog.pg_snapshot_xmax(v_win)
+                  AND (l._xid, l._id) > (v_xid, v_id)
+                  AND pg_catalog.pg_visible_in_snapshot(l._xid, v_win)
+                ORDER BY l._xid, l._id LIMIT v_want)
+              ORDER BY 1, 2
+              LIMIT v_want
+          ) AS w;
+        v_n := coalesce(pg_catalog.cardinality(v_ids), 0);
+        IF v_n > 0 THEN
+            INSERT INTO mailbox._outbox_chunk (outbox_key, base_offset, row_count, ids)
+            VALUES (p_key, v_head, v_n, v_ids);
+            v_head := v_head + v_n;
+            v_total := v_total + v_n;
+            v_xid := v_last_xid;
+            v_id := v_ids[v_n];
+        END IF;
+        IF v_n < v_want THEN
+            -- window exhausted: everything visible in it now has an offset
+            v_seq := v_win;
+            v_win := NULL;
+            EXIT WHEN v_fresh;
+        END IF;
+        EXIT WHEN v_total >= p_limit;
+    END LOOP;
+    UPDATE mailbox._outbox
+       SET head_offset = v_head, seq_snapshot = v_seq, win_snapshot = v_win,
+           win_xid = CASE WHEN v_win IS NULL THEN NULL ELSE v_xid END,
+           win_id = CASE WHEN v_win IS NULL THEN NULL ELSE v_id END
+     WHERE outbox_key = p_key;
+    RETURN v_total;
 END
+$$;
+
+-- The row key at an offset, or NULL (not numbered yet, or drained).
+CREATE FUNCTION mailbox._row_at_offset(p_key int, p_offset bigint)
+RETURNS bigint
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT c.ids[p_offset - c.base_offset]
+      FROM mailbox._outbox_chunk AS c
+     WHERE c.outbox_key = p_key AND c.base_offset < p_offset
+     ORDER BY c.base_offset DESC
+     LIMIT 1;
 $$;
 
 -- A claim-check row by (outbox, offset): its row key, or 42704 / 22023.
@@ -52,7 +127,7 @@ BEGIN
     PERFORM mailbox._require(p_outbox_id, 'p_outbox_id');
     SELECT l._id, l.is_claim_check INTO v_row, v_is_claim_check
       FROM mailbox._outbox_log AS l
-     WHERE l.outbox_key = p_key AND l.outbox_id = p_outbox_id;
+     WHERE l.outbox_key = p_key AND l._id = mailbox._row_at_offset(p_key, p_outbox_id);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox row not found: %/%', p_outbox, p_outbox_id
             USING ERRCODE = '42704',

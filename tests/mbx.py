@@ -38,13 +38,27 @@ def sequence(conn, outbox):
 
 
 def outbox_rows(conn, outbox):
-    """Every row of an outbox as dicts, in row-key (insertion) order."""
+    """Every row of an outbox as dicts, in row-key (insertion) order, with its offset
+    (outbox_id, None until the sequencer numbered it)."""
     cur = conn.cursor(row_factory=psycopg.rows.dict_row)
     return cur.execute(
-        "SELECT l.* FROM mailbox._outbox_log AS l JOIN mailbox._outbox AS o USING (outbox_key)"
+        "SELECT l.*, (SELECT c.base_offset + u.n FROM mailbox._outbox_chunk AS c,"
+        "             unnest(c.ids) WITH ORDINALITY AS u (id, n)"
+        "       WHERE c.outbox_key = l.outbox_key AND u.id = l._id) AS outbox_id"
+        " FROM mailbox._outbox_log AS l JOIN mailbox._outbox AS o USING (outbox_key)"
         " WHERE o.outbox_name = %s ORDER BY l._id",
         [outbox],
     ).fetchall()
+
+
+def last_offset(conn, outbox, claim_check_only=False):
+    """The offset of the newest numbered row (of the newest claim-check row)."""
+    got = [
+        r["outbox_id"]
+        for r in outbox_rows(conn, outbox)
+        if r["outbox_id"] is not None and (r["is_claim_check"] or not claim_check_only)
+    ]
+    return max(got)
 
 
 def make_role(db, *grants):

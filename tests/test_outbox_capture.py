@@ -4,7 +4,7 @@ import time
 
 import psycopg
 import pytest
-from mbx import drop_role, make_role, outbox_rows, raises, rows, scalar, sequence
+from mbx import drop_role, last_offset, make_role, outbox_rows, raises, rows, scalar, sequence
 
 
 @pytest.fixture
@@ -15,8 +15,11 @@ def orders(db):
 
 
 def delta(db, outbox, outbox_id):
-    return rows(db, "SELECT row_num, op, payload FROM mailbox.outbox_delta_rows(%s, %s, 0, 1000000)",
-                [outbox, outbox_id])
+    return rows(
+        db,
+        "SELECT row_num, op, payload FROM mailbox.outbox_delta_rows(%s, %s, 0, 1000000)",
+        [outbox, outbox_id],
+    )
 
 
 def test_insert_update_delete_are_captured_inline(orders):
@@ -28,17 +31,24 @@ def test_insert_update_delete_are_captured_inline(orders):
     assert [r["event_type"] for r in got] == ["INSERT", "UPDATE", "DELETE"]
     ins, upd, dele = (r["payload"] for r in got)
     assert ins == {
-        "v": 1, "source": "public.orders", "op": "INSERT", "deleted": [],
-        "inserted": [{"id": 1, "customer": "ann", "amount": 10},
-                     {"id": 2, "customer": "bob", "amount": 20}],
+        "v": 1,
+        "source": "public.orders",
+        "op": "INSERT",
+        "deleted": [],
+        "inserted": [
+            {"id": 1, "customer": "ann", "amount": 10},
+            {"id": 2, "customer": "bob", "amount": 20},
+        ],
     }
     assert upd["deleted"] == [{"id": 1, "customer": "ann", "amount": 10}]
     assert upd["inserted"] == [{"id": 1, "customer": "ann", "amount": 11}]
     assert dele["deleted"] == [{"id": 2, "customer": "bob", "amount": 20}]
     assert dele["inserted"] == []
     assert [(r["inserted_count"], r["deleted_count"]) for r in got] == [(2, 0), (1, 1), (0, 1)]
-    assert all(r["source"] == "public.orders" and not r["is_claim_check"] and not r["full_refresh"]
-               for r in got)
+    assert all(
+        r["source"] == "public.orders" and not r["is_claim_check"] and not r["full_refresh"]
+        for r in got
+    )
     assert len({r["event_id"] for r in got}) == 3
 
 
@@ -58,16 +68,22 @@ def test_threshold_is_inline_and_one_more_is_claim_check(orders, threshold):
     db = orders
     db.execute(f"SET mailbox.outbox_inline_threshold_rows = {threshold}")
     db.execute("INSERT INTO orders SELECT g, 'c', g FROM generate_series(1, %s) g", [threshold])
-    db.execute("INSERT INTO orders SELECT g, 'c', g FROM generate_series(1001, 1001 + %s) g",
-               [threshold])
+    db.execute(
+        "INSERT INTO orders SELECT g, 'c', g FROM generate_series(1001, 1001 + %s) g", [threshold]
+    )
     inline, claim = outbox_rows(db, "orders")
     assert not inline["is_claim_check"] and len(inline["payload"]["inserted"]) == threshold
     assert claim["is_claim_check"]
-    assert claim["payload"] == {"v": 1, "claim_check": True, "source": "public.orders",
-                                "op": "INSERT", "inserted_count": threshold + 1,
-                                "deleted_count": 0}
+    assert claim["payload"] == {
+        "v": 1,
+        "claim_check": True,
+        "source": "public.orders",
+        "op": "INSERT",
+        "inserted_count": threshold + 1,
+        "deleted_count": 0,
+    }
     sequence(db, "orders")
-    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_orders WHERE is_claim_check")
+    offset = last_offset(db, "orders", claim_check_only=True)
     got = delta(db, "orders", offset)
     assert [r[0] for r in got] == list(range(1, threshold + 2))
     assert {r[1] for r in got} == {"I"}
@@ -82,8 +98,15 @@ def test_update_counts_twice_and_claim_check_keeps_old_then_new(orders):
     upd = outbox_rows(db, "orders")[-1]
     assert upd["is_claim_check"] and (upd["inserted_count"], upd["deleted_count"]) == (3, 3)
     sequence(db, "orders")
-    got = delta(db, "orders", scalar(db, "SELECT max(outbox_id) FROM mailbox.outbox_orders"))
-    assert [(n, op) for n, op, _ in got] == [(1, "D"), (2, "D"), (3, "D"), (4, "I"), (5, "I"), (6, "I")]
+    got = delta(db, "orders", last_offset(db, "orders"))
+    assert [(n, op) for n, op, _ in got] == [
+        (1, "D"),
+        (2, "D"),
+        (3, "D"),
+        (4, "I"),
+        (5, "I"),
+        (6, "I"),
+    ]
     assert sorted(p["amount"] for _, op, p in got if op == "D") == [1, 2, 3]
     assert sorted(p["amount"] for _, op, p in got if op == "I") == [10, 20, 30]
 
@@ -102,8 +125,14 @@ def test_truncate_writes_a_full_refresh_row_and_alert(orders):
     db.execute("TRUNCATE orders")
     row = outbox_rows(db, "orders")[-1]
     assert row["full_refresh"] and row["event_type"] == "TRUNCATE"
-    assert row["payload"] == {"v": 1, "source": "public.orders", "op": "TRUNCATE",
-                              "full_refresh": True, "inserted": [], "deleted": []}
+    assert row["payload"] == {
+        "v": 1,
+        "source": "public.orders",
+        "op": "TRUNCATE",
+        "full_refresh": True,
+        "inserted": [],
+        "deleted": [],
+    }
     alert = scalar(db, "SELECT payload FROM mailbox.alert_log WHERE event = 'outbox_full_refresh'")
     assert alert["outbox"] == "orders" and alert["op"] == "TRUNCATE"
 
@@ -123,7 +152,7 @@ def test_snapshot_inline_and_claim_check(orders):
     assert snap["is_claim_check"] and snap["full_refresh"]
     assert snap["payload"]["inserted_count"] == 3
     sequence(db, "orders")
-    got = delta(db, "orders", scalar(db, "SELECT max(outbox_id) FROM mailbox.outbox_orders"))
+    got = delta(db, "orders", last_offset(db, "orders"))
     assert sorted(p["id"] for _, _, p in got) == [1, 2, 3]
 
 
@@ -187,7 +216,9 @@ def test_hundred_thousand_row_statement_is_one_claim_check_row(orders):
     (row,) = outbox_rows(db, "orders")
     assert row["is_claim_check"] and row["inserted_count"] == 100000
     assert scalar(db, "SELECT count(*) FROM mailbox.outbox_delta_rows_orders") == 100000
-    assert scalar(db, "SELECT count(DISTINCT row_num) FROM mailbox.outbox_delta_rows_orders") == 100000
+    assert (
+        scalar(db, "SELECT count(DISTINCT row_num) FROM mailbox.outbox_delta_rows_orders") == 100000
+    )
     # generous bound: this is a 'does not blow up' check, not a benchmark (see bench/)
     assert elapsed < 60, f"100k-row capture took {elapsed:.1f}s"
     db.execute("UPDATE orders SET amount = 0")
@@ -275,10 +306,14 @@ def test_dropped_source_keeps_outbox_until_dropped(db):
 def test_capture_trigger_uses_no_caller_search_path(orders, connect):
     conn = connect()
     conn.execute("CREATE SCHEMA evil")
-    conn.execute("CREATE FUNCTION evil.to_jsonb(anyelement) RETURNS jsonb"
-                 " LANGUAGE sql AS $$ SELECT '{\"evil\": true}'::jsonb $$")
-    conn.execute("CREATE FUNCTION evil.count(anyelement) RETURNS bigint"
-                 " LANGUAGE sql AS $$ SELECT 0::bigint $$")
+    conn.execute(
+        "CREATE FUNCTION evil.to_jsonb(anyelement) RETURNS jsonb"
+        " LANGUAGE sql AS $$ SELECT '{\"evil\": true}'::jsonb $$"
+    )
+    conn.execute(
+        "CREATE FUNCTION evil.count(anyelement) RETURNS bigint"
+        " LANGUAGE sql AS $$ SELECT 0::bigint $$"
+    )
     conn.execute("SET search_path = evil, pg_catalog, public")
     conn.execute("INSERT INTO orders VALUES (1, 'a', 1)")
     (row,) = outbox_rows(orders, "orders")

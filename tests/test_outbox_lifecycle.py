@@ -7,8 +7,16 @@ import pytest
 from mbx import raises, rows, scalar
 
 BAD_NAMES = [
-    "o'brien", 'quo"te', "semi;colon", "has space", "UpperCase", "x" * 41, "é" * 20 + "x",
-    "", "1starts_with_digit", "dash-ed",
+    "o'brien",
+    'quo"te',
+    "semi;colon",
+    "has space",
+    "UpperCase",
+    "x" * 41,
+    "é" * 20 + "x",
+    "",
+    "1starts_with_digit",
+    "dash-ed",
 ]
 
 # Every object a user could notice: relations, triggers, functions, types, constraints.
@@ -40,8 +48,10 @@ def objects(conn):
 
 
 def catalog_counts(conn):
-    return rows(conn, "SELECT (SELECT count(*) FROM mailbox._outbox),"
-                      " (SELECT count(*) FROM mailbox._outbox_log)")
+    return rows(
+        conn,
+        "SELECT (SELECT count(*) FROM mailbox._outbox), (SELECT count(*) FROM mailbox._outbox_log)",
+    )
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -73,12 +83,15 @@ def test_null_names_are_22004(db):
         db.execute("SELECT mailbox.outbox_status(NULL)")
 
 
-@pytest.mark.parametrize("ddl, target", [
-    ("CREATE VIEW v AS SELECT 1 AS x", "v"),
-    ("CREATE SEQUENCE s", "s"),
-    ("CREATE MATERIALIZED VIEW mv AS SELECT 1 AS x", "mv"),
-    ("CREATE TYPE ct AS (a int)", "ct"),
-])
+@pytest.mark.parametrize(
+    "ddl, target",
+    [
+        ("CREATE VIEW v AS SELECT 1 AS x", "v"),
+        ("CREATE SEQUENCE s", "s"),
+        ("CREATE MATERIALIZED VIEW mv AS SELECT 1 AS x", "mv"),
+        ("CREATE TYPE ct AS (a int)", "ct"),
+    ],
+)
 def test_enable_outbox_on_a_non_table_is_42809(db, ddl, target):
     db.execute(ddl)
     before = objects(db)
@@ -114,8 +127,10 @@ def test_enable_outbox_input_errors(db):
 
 def test_disable_outbox_removes_everything_it_created(db):
     db.execute("CREATE TABLE public.orders (id int PRIMARY KEY)")
-    db.execute("CREATE TRIGGER user_trigger BEFORE UPDATE ON orders FOR EACH ROW"
-               " EXECUTE FUNCTION suppress_redundant_updates_trigger()")
+    db.execute(
+        "CREATE TRIGGER user_trigger BEFORE UPDATE ON orders FOR EACH ROW"
+        " EXECUTE FUNCTION suppress_redundant_updates_trigger()"
+    )
     before = objects(db)
     db.execute("SELECT mailbox.enable_outbox('public.orders', p_inline_threshold_rows => 1)")
     db.execute("INSERT INTO orders SELECT generate_series(1, 5)")
@@ -163,8 +178,14 @@ def test_drop_extension_leaves_nothing_behind(fresh_dsn):
         # PostgreSQL creates the control file's schema but does not make it an extension
         # member, so the (empty) schema is all that stays; docs/outbox.md says so.
         assert objects(conn) == before | {"schema mailbox"}
-        assert scalar(conn, "SELECT count(*) FROM pg_depend WHERE refclassid = 'pg_extension'::regclass"
-                            " AND refobjid NOT IN (SELECT oid FROM pg_extension)") == 0
+        assert (
+            scalar(
+                conn,
+                "SELECT count(*) FROM pg_depend WHERE refclassid = 'pg_extension'::regclass"
+                " AND refobjid NOT IN (SELECT oid FROM pg_extension)",
+            )
+            == 0
+        )
         conn.execute("INSERT INTO orders VALUES (42)")
         # and it installs again cleanly
         conn.execute("CREATE EXTENSION pg_mailbox")
@@ -175,8 +196,14 @@ def test_drop_extension_without_outboxes_needs_no_cascade(fresh_dsn):
     with psycopg.connect(fresh_dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION pg_mailbox CASCADE")
         conn.execute("DROP EXTENSION pg_mailbox")
-        assert scalar(conn, "SELECT count(*) FROM pg_class WHERE relnamespace = 'mailbox'::regnamespace"
-                            " OR oid IN (SELECT objid FROM pg_depend WHERE refobjid = 'mailbox'::regnamespace)") == 0
+        assert (
+            scalar(
+                conn,
+                "SELECT count(*) FROM pg_class WHERE relnamespace = 'mailbox'::regnamespace"
+                " OR oid IN (SELECT objid FROM pg_depend WHERE refobjid = 'mailbox'::regnamespace)",
+            )
+            == 0
+        )
         conn.execute("DROP SCHEMA mailbox")  # empty: RESTRICT succeeds
 
 

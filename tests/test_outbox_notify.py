@@ -36,8 +36,11 @@ def test_one_notification_per_transaction_per_outbox(listener, connect):
     producer.execute("INSERT INTO t VALUES (2)")
     assert drain(listener, 0.3) == []  # nothing before commit
     producer.commit()
-    assert sorted(drain(listener)) == [("mailbox_outbox_new", "a"), ("mailbox_outbox_new", "b"),
-                                       ("mailbox_outbox_new", "t")]
+    assert sorted(drain(listener)) == [
+        ("mailbox_outbox_new", "a"),
+        ("mailbox_outbox_new", "b"),
+        ("mailbox_outbox_new", "t"),
+    ]
 
 
 def test_no_notification_for_a_rolled_back_transaction(listener, connect):

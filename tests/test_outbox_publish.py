@@ -14,8 +14,11 @@ def events(db):
 
 def test_publish_returns_the_event_id_and_stores_every_field(events):
     db = events
-    event_id = scalar(db, "SELECT mailbox.outbox_publish('events', %s, %s, %s, %s)",
-                      ['{"order": 7}', '{"trace": "t1"}', "order-7", "order.created"])
+    event_id = scalar(
+        db,
+        "SELECT mailbox.outbox_publish('events', %s, %s, %s, %s)",
+        ['{"order": 7}', '{"trace": "t1"}', "order-7", "order.created"],
+    )
     assert isinstance(event_id, uuid.UUID)
     (row,) = outbox_rows(db, "events")
     assert row["event_id"] == event_id
@@ -53,13 +56,21 @@ def test_publish_runs_in_the_callers_transaction(events, connect):
 def test_publish_batch_returns_ids_in_array_order(events):
     db = events
     payloads = [f'{{"n": {i}}}' for i in range(200)]
-    ids = [r[0] for r in rows(db, "SELECT * FROM mailbox.outbox_publish_batch('events', %s::jsonb[],"
-                                  " '{\"h\": 1}', 'k', 'batch')", [payloads])]
+    ids = [
+        r[0]
+        for r in rows(
+            db,
+            "SELECT * FROM mailbox.outbox_publish_batch('events', %s::jsonb[],"
+            " '{\"h\": 1}', 'k', 'batch')",
+            [payloads],
+        )
+    ]
     got = outbox_rows(db, "events")
     assert ids == [r["event_id"] for r in got]
     assert [r["payload"]["n"] for r in got] == list(range(200))
-    assert all(r["headers"] == {"h": 1} and r["key"] == "k" and r["event_type"] == "batch"
-               for r in got)
+    assert all(
+        r["headers"] == {"h": 1} and r["key"] == "k" and r["event_type"] == "batch" for r in got
+    )
     assert rows(db, "SELECT * FROM mailbox.outbox_publish_batch('events', '{}'::jsonb[])") == []
 
 
@@ -117,7 +128,9 @@ def test_role_without_producer_grant_gets_42501(events, connect):
 
 def test_create_outbox_options_and_duplicates(db):
     db.execute("SELECT mailbox.create_outbox('a', 0, 5)")
-    assert rows(db, "SELECT retention_hours, inline_threshold_rows FROM mailbox.outboxes") == [(0, 5)]
+    assert rows(db, "SELECT retention_hours, inline_threshold_rows FROM mailbox.outboxes") == [
+        (0, 5)
+    ]
     with raises("42710"):
         db.execute("SELECT mailbox.create_outbox('a')")
     with raises("22023"):

@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from mbx import outbox_rows, raises, rows, scalar, sequence
+from mbx import last_offset, outbox_rows, raises, rows, scalar, sequence
 
 
 @pytest.fixture
@@ -16,10 +16,12 @@ def big(db):
 
 def test_delta_rows_pages_by_keyset(big):
     db = big
-    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    offset = last_offset(db, "t")
     seen, after = [], 0
     while True:
-        page = rows(db, "SELECT * FROM mailbox.outbox_delta_rows('t', %s, %s, 1000)", [offset, after])
+        page = rows(
+            db, "SELECT * FROM mailbox.outbox_delta_rows('t', %s, %s, 1000)", [offset, after]
+        )
         if not page:
             break
         assert len(page) <= 1000
@@ -32,7 +34,7 @@ def test_delta_rows_pages_by_keyset(big):
 
 def test_delta_rows_errors(big):
     db = big
-    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    offset = last_offset(db, "t")
     with raises("42704"):
         db.execute("SELECT * FROM mailbox.outbox_delta_rows('nope', 1)")
     with raises("42704"):
@@ -52,7 +54,7 @@ def test_delta_rows_errors(big):
 
 def test_rows_consumed_is_idempotent_and_counts_in_status(big):
     db = big
-    offset = scalar(db, "SELECT outbox_id FROM mailbox.outbox_t")
+    offset = last_offset(db, "t")
     assert scalar(db, "SELECT mailbox.outbox_status('t')")["claim_check_pending_count"] == 1
     db.execute("SELECT mailbox.outbox_rows_consumed('t', %s)", [offset])
     db.execute("SELECT mailbox.outbox_rows_consumed('t', %s)", [offset])
@@ -68,9 +70,21 @@ def test_status_reports_every_documented_key(big):
     db = big
     status = scalar(db, "SELECT mailbox.outbox_status('t')")
     assert set(status) == {
-        "enabled", "outbox", "source", "outbox_table", "row_count", "head_offset", "oldest_row",
-        "newest_row", "total_bytes", "claim_check_pending_count", "storage_status",
-        "retention_hours", "last_drained_at", "last_drained_count", "consumer_groups",
+        "enabled",
+        "outbox",
+        "source",
+        "outbox_table",
+        "row_count",
+        "head_offset",
+        "oldest_row",
+        "newest_row",
+        "total_bytes",
+        "claim_check_pending_count",
+        "storage_status",
+        "retention_hours",
+        "last_drained_at",
+        "last_drained_count",
+        "consumer_groups",
     }
     assert status["enabled"] is True and status["outbox"] == "t" and status["source"] == "public.t"
     assert status["outbox_table"] == "mailbox.outbox_t"
@@ -83,7 +97,9 @@ def test_status_reports_every_documented_key(big):
     db.execute("SET mailbox.outbox_storage_critical_mb = 0")
     with raises("22023") as info:
         db.execute("SELECT mailbox.outbox_status('t')")
-    assert str(info.value).startswith("invalid value for setting mailbox.outbox_storage_critical_mb")
+    assert str(info.value).startswith(
+        "invalid value for setting mailbox.outbox_storage_critical_mb"
+    )
     assert info.value.diag.message_hint
     db.execute("RESET mailbox.outbox_storage_critical_mb")
     with raises("42704"):
@@ -114,6 +130,51 @@ def test_offsets_follow_commit_visibility_not_insert_order(db, connect):
     assert sequence(db, "e") == 1
     got = {r["payload"]["who"]: r["outbox_id"] for r in outbox_rows(db, "e")}
     assert got == {"early": 1, "late": 2}
+
+
+def test_sequencer_numbers_in_chunks_across_calls(db):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.outbox_publish_batch('e', array_fill('{}'::jsonb, ARRAY[2500]))")
+    db.execute("SET mailbox.outbox_chunk_rows = 1000")
+    key = scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = 'e'")
+    assert scalar(db, "SELECT mailbox._sequence_outbox(%s, 1500)", [key]) == 1500
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"late\": true}')")
+    assert scalar(db, "SELECT mailbox._sequence_outbox(%s)", [key]) == 1001
+    assert scalar(db, "SELECT mailbox._sequence_outbox(%s)", [key]) == 0
+    got = outbox_rows(db, "e")
+    assert [r["outbox_id"] for r in got] == list(range(1, 2502))
+    assert rows(db, "SELECT base_offset, row_count FROM mailbox._outbox_chunk ORDER BY 1") == [
+        (0, 1000),
+        (1000, 500),
+        (1500, 1000),
+        (2500, 1),
+    ]
+
+
+def test_unrelated_long_transaction_does_not_hold_back_numbering(db, connect):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("CREATE TABLE other (id int)")
+    unrelated = connect(autocommit=False)
+    unrelated.execute("INSERT INTO other VALUES (1)")  # holds an xid, stays open
+    idle = connect(autocommit=False)
+    idle.execute("SELECT 1")  # idle in transaction, no xid
+    db.execute("SELECT mailbox.outbox_publish('e', '{}')")
+    assert sequence(db, "e") == 1
+    db.execute("SELECT mailbox.outbox_publish('e', '{}')")
+    assert sequence(db, "e") == 1
+    unrelated.rollback()
+    idle.rollback()
+
+
+def test_repeatable_read_caller_does_not_sequence(db, connect):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.outbox_publish('e', '{}')")
+    key = scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = 'e'")
+    rr = connect(autocommit=False)
+    rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    assert scalar(rr, "SELECT mailbox._sequence_outbox(%s)", [key]) == 0
+    rr.rollback()
+    assert sequence(db, "e") == 1
 
 
 def test_concurrent_sequencers_never_hand_out_an_offset_twice(db, connect):

@@ -54,11 +54,16 @@ def test_python_bodies_carry_the_control_version(db):
 
 
 def test_unwrap_raises_the_envelope_error_with_its_fields(db):
-    envelope = ('{"error": {"sqlstate": "42704", "message": "outbox not found: x",'
-                ' "detail": "d", "hint": "h"}}')
+    envelope = (
+        '{"error": {"sqlstate": "42704", "message": "outbox not found: x",'
+        ' "detail": "d", "hint": "h"}}'
+    )
     with raises("42704") as info:
         db.execute("SELECT mailbox._unwrap(%s::jsonb)", [envelope])
     diag = info.value.diag
     assert (diag.message_primary, diag.message_detail, diag.message_hint) == (
-        "outbox not found: x", "d", "h")
+        "outbox not found: x",
+        "d",
+        "h",
+    )
     assert scalar(db, "SELECT mailbox._unwrap('{\"result\": [1]}')") == [1]

@@ -10,26 +10,39 @@ SELECT p.oid::regprocedure::text FROM pg_proc p
 
 
 def test_roles_exist_and_admin_is_producer_and_consumer(db):
-    got = rows(db, "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 'mailbox\\_%'"
-                   " ORDER BY 1")
-    assert [tuple(r) for r in got] == [("mailbox_admin", False), ("mailbox_consumer", False),
-                   ("mailbox_producer", False)]
-    assert scalar(db, "SELECT pg_has_role('mailbox_admin', 'mailbox_producer', 'MEMBER')"
-                      " AND pg_has_role('mailbox_admin', 'mailbox_consumer', 'MEMBER')")
+    got = rows(
+        db, "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 'mailbox\\_%' ORDER BY 1"
+    )
+    assert [tuple(r) for r in got] == [
+        ("mailbox_admin", False),
+        ("mailbox_consumer", False),
+        ("mailbox_producer", False),
+    ]
+    assert scalar(
+        db,
+        "SELECT pg_has_role('mailbox_admin', 'mailbox_producer', 'MEMBER')"
+        " AND pg_has_role('mailbox_admin', 'mailbox_consumer', 'MEMBER')",
+    )
 
 
 def test_public_cannot_execute_any_function(db):
-    got = rows(db, """
+    got = rows(
+        db,
+        """
         SELECT p.oid::regprocedure::text FROM pg_proc p
          WHERE p.pronamespace = 'mailbox'::regnamespace
-           AND has_function_privilege('public', p.oid, 'EXECUTE')""")
+           AND has_function_privilege('public', p.oid, 'EXECUTE')""",
+    )
     assert got == []
 
 
 def test_every_security_definer_function_pins_search_path(db):
-    got = rows(db, """
+    got = rows(
+        db,
+        """
         SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc p
-         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.prosecdef""")
+         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.prosecdef""",
+    )
     assert got, "expected SECURITY DEFINER functions"
     for name, config in got:
         assert config == ["search_path=pg_catalog, mailbox, pg_temp"], name
@@ -38,10 +51,13 @@ def test_every_security_definer_function_pins_search_path(db):
 def test_every_function_has_a_pinned_search_path(db):
     # enable_outbox is the one exception: an invoker function that must resolve its table
     # argument with the caller's search_path (it calls the definer _enable_outbox)
-    got = rows(db, """
+    got = rows(
+        db,
+        """
         SELECT p.oid::regprocedure::text FROM pg_proc p
          WHERE p.pronamespace = 'mailbox'::regnamespace
-           AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')""")
+           AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')""",
+    )
     assert [r[0] for r in got] == ["mailbox.enable_outbox(text,integer,integer,text,boolean)"]
 
 
@@ -51,11 +67,14 @@ def test_every_public_function_has_a_comment(db):
 
 
 def test_public_cannot_read_extension_tables(db):
-    got = rows(db, """
+    got = rows(
+        db,
+        """
         SELECT c.oid::regclass::text FROM pg_class c
          WHERE c.relnamespace = 'mailbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')
            AND (has_table_privilege('public', c.oid, 'SELECT')
-                OR has_table_privilege('public', c.oid, 'INSERT'))""")
+                OR has_table_privilege('public', c.oid, 'INSERT'))""",
+    )
     assert got == []
 
 

@@ -5,8 +5,8 @@ import json
 DRAIN_SQL = """
 WITH gone AS (
     DELETE FROM mailbox.alert_log
-     WHERE created_at < pg_catalog.now()
-                        - pg_catalog.make_interval(hours => mailbox._setting_int('alert_retention_hours', 168, 1, 876000))
+     WHERE created_at < pg_catalog.now() - pg_catalog.make_interval(
+               hours => mailbox._setting_int('alert_retention_hours', 168, 1, 876000))
     RETURNING 1
 )
 SELECT pg_catalog.count(*) AS n FROM gone

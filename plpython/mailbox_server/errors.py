@@ -19,8 +19,12 @@ class MailboxError(Exception):
         self.hint = hint
 
     def as_dict(self):
-        return {"sqlstate": self.sqlstate, "message": self.message,
-                "detail": self.detail, "hint": self.hint}
+        return {
+            "sqlstate": self.sqlstate,
+            "message": self.message,
+            "detail": self.detail,
+            "hint": self.hint,
+        }
 
 
 def envelope(plpy, fn, *args):
@@ -33,9 +37,13 @@ def envelope(plpy, fn, *args):
         # a SQL error inside the control plane (a bad setting, say) keeps its own fields;
         # PL/Python keeps them in spidata: (sqlerrcode, detail, hint, ...)
         spidata = getattr(exc, "spidata", None) or (None, None, None)
-        return json.dumps({"error": {
-            "sqlstate": getattr(exc, "sqlstate", None) or "XX000",
-            "message": exc.args[0] if exc.args else str(exc),
-            "detail": spidata[1],
-            "hint": spidata[2],
-        }})
+        return json.dumps(
+            {
+                "error": {
+                    "sqlstate": getattr(exc, "sqlstate", None) or "XX000",
+                    "message": exc.args[0] if exc.args else str(exc),
+                    "detail": spidata[1],
+                    "hint": spidata[2],
+                }
+            }
+        )

@@ -33,7 +33,7 @@ def sanitize(table_name):
 
 def hashed_name(base, schema, table):
     """First 32 bytes of the base + '_' + 7 hex digits of md5('schema.table')."""
-    digest = hashlib.md5(f"{schema}.{table}".encode("utf-8")).hexdigest()[:7]
+    digest = hashlib.md5(f"{schema}.{table}".encode()).hexdigest()[:7]
     return f"{base[:HASHED_PREFIX_BYTES]}_{digest}"
 
 
@@ -61,7 +61,10 @@ def derive_outbox_name_sql(plpy, schema, table):
 
     name = derive_outbox_name(schema, table, is_taken)
     if is_taken(name):
-        raise MailboxError("42710", "outbox already exists: " + name,
-                           detail=f"The name derived for table {schema}.{table} is in use.",
-                           hint="Pass p_outbox_name to choose another name.")
+        raise MailboxError(
+            "42710",
+            "outbox already exists: " + name,
+            detail=f"The name derived for table {schema}.{table} is in use.",
+            hint="Pass p_outbox_name to choose another name.",
+        )
     return name

@@ -6,8 +6,10 @@ WARNING_FRACTION = 0.8
 
 _CATALOG = """
 SELECT o.outbox_key, o.outbox_name, o.source_rel IS NOT NULL AS captured, o.retention_hours,
-       o.head_offset, o.last_drained_at, o.last_drained_count, e.source, e.enabled, e.outbox_table
-  FROM mailbox._outbox AS o JOIN mailbox.outboxes AS e ON e.outbox_name = o.outbox_name
+       o.head_offset, r.last_drained_at, r.last_drained_count, e.source, e.enabled, e.outbox_table
+  FROM mailbox._outbox AS o
+  JOIN mailbox.outboxes AS e ON e.outbox_name = o.outbox_name
+  LEFT JOIN mailbox._outbox_retention AS r ON r.outbox_key = o.outbox_key
  WHERE o.outbox_name = $1
 """
 
@@ -68,12 +70,18 @@ def _iso(value):
 
 def outbox_status(plpy, name):
     if name is None:
-        raise MailboxError("22004", "outbox name must not be null",
-                           hint="Pass the name of an outbox (see mailbox.outboxes).")
+        raise MailboxError(
+            "22004",
+            "outbox name must not be null",
+            hint="Pass the name of an outbox (see mailbox.outboxes).",
+        )
     catalog = plpy.execute(plpy.prepare(_CATALOG, ["text"]), [name])
     if not catalog:
-        raise MailboxError("42704", "outbox not found: " + name,
-                           hint="mailbox.outboxes lists the outboxes of this database.")
+        raise MailboxError(
+            "42704",
+            "outbox not found: " + name,
+            hint="mailbox.outboxes lists the outboxes of this database.",
+        )
     outbox = catalog[0]
     key = outbox["outbox_key"]
     rows = plpy.execute(plpy.prepare(_ROWS, ["int"]), [key])[0]
@@ -98,8 +106,11 @@ def outbox_status(plpy, name):
         "last_drained_at": _iso(outbox["last_drained_at"]),
         "last_drained_count": outbox["last_drained_count"],
         "consumer_groups": [
-            {"name": g["group_name"], "group_offset": g["group_offset"],
-             "lag": head - g["group_offset"]}
+            {
+                "name": g["group_name"],
+                "group_offset": g["group_offset"],
+                "lag": head - g["group_offset"],
+            }
             for g in groups
         ],
     }

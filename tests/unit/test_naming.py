@@ -1,14 +1,27 @@
 import hashlib
 
 import pytest
+
 from mailbox_server import naming
 from mailbox_server.errors import MailboxError
 
 
-@pytest.mark.parametrize("name, ok", [
-    ("orders", True), ("_x1", True), ("x" * 40, True), ("x" * 41, False), ("Orders", False),
-    ("1x", False), ("", False), (None, False), ("a-b", False), ("é", False), ("a b", False),
-])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("orders", True),
+        ("_x1", True),
+        ("x" * 40, True),
+        ("x" * 41, False),
+        ("Orders", False),
+        ("1x", False),
+        ("", False),
+        (None, False),
+        ("a-b", False),
+        ("é", False),
+        ("a b", False),
+    ],
+)
 def test_is_valid_name(name, ok):
     assert naming.is_valid_name(name) is ok
 

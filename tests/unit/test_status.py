@@ -1,10 +1,13 @@
 import pytest
+
 from mailbox_server import status
 from mailbox_server.errors import MailboxError
 
 
-@pytest.mark.parametrize("size_mb, expected", [(0, "ok"), (79, "ok"), (80, "warning"),
-                                               (99, "warning"), (100, "critical"), (500, "critical")])
+@pytest.mark.parametrize(
+    "size_mb, expected",
+    [(0, "ok"), (79, "ok"), (80, "warning"), (99, "warning"), (100, "critical"), (500, "critical")],
+)
 def test_storage_status_thresholds(size_mb, expected):
     assert status.storage_status(size_mb * 1024 * 1024, 100) == expected
 
@@ -23,12 +26,27 @@ def test_null_name_is_22004(plpy):
 
 
 def test_status_assembles_every_key(plpy):
-    plpy.answer("FROM mailbox._outbox AS o", [{
-        "outbox_key": 1, "outbox_name": "o", "captured": True, "retention_hours": 24,
-        "head_offset": 10, "last_drained_at": None, "last_drained_count": None,
-        "source": "public.t", "enabled": True, "outbox_table": "mailbox.outbox_o"}])
-    plpy.answer("pg_catalog.count(*) AS row_count",
-                [{"row_count": 4, "oldest_row": "2026-01-01", "newest_row": "2026-01-02"}])
+    plpy.answer(
+        "FROM mailbox._outbox AS o",
+        [
+            {
+                "outbox_key": 1,
+                "outbox_name": "o",
+                "captured": True,
+                "retention_hours": 24,
+                "head_offset": 10,
+                "last_drained_at": None,
+                "last_drained_count": None,
+                "source": "public.t",
+                "enabled": True,
+                "outbox_table": "mailbox.outbox_o",
+            }
+        ],
+    )
+    plpy.answer(
+        "pg_catalog.count(*) AS row_count",
+        [{"row_count": 4, "oldest_row": "2026-01-01", "newest_row": "2026-01-02"}],
+    )
     plpy.answer("total_bytes", [{"total_bytes": 90 * 1024 * 1024}])
     plpy.answer("AS pending", [{"pending": 2}])
     plpy.answer("g.group_name, g.group_offset", [{"group_name": "g1", "group_offset": 7}])

@@ -1,0 +1,92 @@
+# pg_mailbox: PGXS build of a SQL + PL/Python extension.
+#
+#   make                  build pg_mailbox--$(EXTVERSION).sql from sql/*.sql
+#   make install          install it, migrations/ and the server-side Python package
+#   make installcheck     pg_regress smoke test against a running server (PGHOST/PGPORT/PGUSER)
+#   make test             bootstrap + build + install + lint + the whole pytest suite
+#   make lint             ruff + sqlfluff only
+#   make demo             bootstrap + build + install, then `pg-mailbox demo` (DEMO_ARGS=...)
+#
+# See docs/development.md.
+
+EXTENSION = pg_mailbox
+# The control file is the one version source; everything else reads or checks it.
+EXTVERSION := $(shell sed -n "s/^[[:space:]]*default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" $(EXTENSION).control)
+
+# Prefer PostgreSQL 15 when Debian has several versions installed: Debian's
+# /usr/bin/pg_config wrapper would pick the newest one.
+PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
+
+SQL_PARTS := $(sort $(wildcard sql/*.sql))
+DATA_built = $(EXTENSION)--$(EXTVERSION).sql
+# Frozen upgrade scripts (and any frozen old full scripts) install flat into extension/.
+DATA = $(sort $(wildcard migrations/$(EXTENSION)--*.sql))
+
+REGRESS = smoke
+REGRESS_OPTS = --inputdir=test
+
+EXTRA_CLEAN = $(EXTENSION)--$(EXTVERSION).sql.tmp
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+.DEFAULT_GOAL := all
+
+# `sql` (the directory) is a prerequisite so that adding or removing a part rebuilds.
+# @EXTVERSION@ in a part becomes the control file's version (e.g. the PL/Python path).
+$(EXTENSION)--$(EXTVERSION).sql: $(SQL_PARTS) $(wildcard sql) $(EXTENSION).control
+	@test -n "$(SQL_PARTS)" || { echo "error: no sql/*.sql parts to build $@ from" >&2; exit 1; }
+	@{ printf '%s\n' '-- Built from sql/*.sql by the Makefile; edit those files, not this one.' \
+	     '\echo Use "CREATE EXTENSION $(EXTENSION)" to load this file. \quit'; \
+	   for f in $(SQL_PARTS); do printf '\n-- %s\n' "$$f"; cat "$$f"; done; } \
+	  | sed 's/@EXTVERSION@/$(EXTVERSION)/g' > $@.tmp
+	@mv $@.tmp $@
+	@echo "built $@ from $(words $(SQL_PARTS)) part(s)"
+
+# Server-side Python: one directory per version, so a pooled session that still runs
+# the old version's SQL finds the matching Python after ALTER EXTENSION UPDATE.
+PY_PARTS := $(shell find plpython/mailbox_server -name '*.py' 2>/dev/null | sort)
+PY_DEST = $(DESTDIR)$(datadir)/extension/$(EXTENSION)/python/$(EXTVERSION)
+
+install: install-python
+uninstall: uninstall-python
+
+.PHONY: install-python uninstall-python
+install-python:
+	rm -rf '$(PY_DEST)/mailbox_server'
+	$(MKDIR_P) '$(PY_DEST)/mailbox_server'
+	@set -e; for f in $(PY_PARTS); do \
+	  rel=$${f#plpython/}; \
+	  $(MKDIR_P) "$(PY_DEST)/$$(dirname $$rel)"; \
+	  $(INSTALL_DATA) "$$f" "$(PY_DEST)/$$rel"; \
+	done
+	@echo "installed $(words $(PY_PARTS)) Python file(s) into $(PY_DEST)"
+
+uninstall-python:
+	rm -rf '$(PY_DEST)'
+
+.PHONY: bootstrap venv lint test demo dist
+bootstrap:
+	bash scripts/bootstrap.sh all
+
+venv:
+	bash scripts/bootstrap.sh venv
+
+lint: venv
+	bash scripts/lint.sh
+
+test:
+	bash scripts/test.sh $(PYTEST_ARGS)
+
+demo:
+	bash scripts/bootstrap.sh all
+	bash scripts/install-extension.sh
+	.venv/bin/pg-mailbox demo $(DEMO_ARGS)
+
+# PGXN release archive of the committed tree.
+dist:
+	git archive --format zip --prefix=$(EXTENSION)-$(EXTVERSION)/ -o $(EXTENSION)-$(EXTVERSION).zip HEAD
+
+# `make -s print-EXTVERSION`: lets scripts and tests read what make computed.
+print-%:
+	@echo '$($*)'

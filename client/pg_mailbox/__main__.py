@@ -1,0 +1,3 @@
+from pg_mailbox.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The linters, exactly as `make test` and CI run them. Runs all, fails if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+status=0
+run() { echo "lint: $*"; "$@" || status=1; }
+
+run .venv/bin/ruff check .
+run .venv/bin/ruff format --check .
+# Frozen full install scripts in migrations/ (pg_mailbox--A.sql) were linted as sql/ parts
+# when released; lint the parts and the upgrade scripts. nullglob: git keeps no empty
+# directories, so migrations/ may hold nothing or not exist.
+shopt -s nullglob
+sql_files=(sql/*.sql migrations/pg_mailbox--*--*.sql)
+if [ ${#sql_files[@]} -gt 0 ]; then
+    run .venv/bin/sqlfluff lint --disable-progress-bar --nocolor "${sql_files[@]}"
+fi
+
+[ $status -eq 0 ] && echo "lint: ok" || echo "lint: FAILED" >&2
+exit $status

@@ -1,0 +1,81 @@
+"""Packaging invariants; no server needed. The control file is the one version source."""
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import pg_mailbox
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def control_version() -> str:
+    text = (REPO / "pg_mailbox.control").read_text()
+    found = re.findall(r"^\s*default_version\s*=\s*'([^']+)'", text, re.MULTILINE)
+    assert len(found) == 1, "pg_mailbox.control must set default_version exactly once"
+    return found[0]
+
+
+def meta() -> dict:
+    return json.loads((REPO / "META.json").read_text())
+
+
+def test_meta_json_version_matches_control():
+    data = meta()
+    assert data["version"] == control_version()
+    assert data["provides"]["pg_mailbox"]["version"] == control_version()
+
+
+def test_client_package_version_matches_control():
+    assert pg_mailbox.__version__ == control_version()
+
+
+def test_pyproject_version_matches_control():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == control_version()
+
+
+def test_server_python_package_version_matches_control():
+    text = (REPO / "plpython" / "mailbox_server" / "__init__.py").read_text()
+    assert re.findall(r'^__version__ = "([^"]+)"', text, re.MULTILINE) == [control_version()]
+
+
+def test_makefile_reads_version_from_control():
+    made = subprocess.run(
+        ["make", "-s", "--no-print-directory", "print-EXTVERSION"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert made.stdout.strip() == control_version()
+    # ... and does not merely happen to agree: no version literal in the Makefile.
+    assert control_version() not in (REPO / "Makefile").read_text()
+
+
+def test_meta_json_is_pgxn_1_0_0():
+    data = meta()
+    assert data["meta-spec"]["version"] == "1.0.0"
+    assert data["name"] == "pg_mailbox"
+    for key in ("abstract", "maintainer", "license", "provides"):
+        assert data.get(key), f"META.json lacks {key}"
+    assert data["license"] == "postgresql"
+    assert data["prereqs"]["runtime"]["requires"]["PostgreSQL"] == "13.0.0"
+
+
+@pytest.mark.parametrize("name", sorted(meta()["provides"]))
+def test_meta_json_provided_files_exist(name):
+    entry = meta()["provides"][name]
+    for key in ("file", "docfile"):
+        if key in entry:
+            assert (REPO / entry[key]).is_file(), f"provides.{name}.{key} = {entry[key]} is missing"
+
+
+def test_control_file_shape():
+    text = (REPO / "pg_mailbox.control").read_text()
+    assert re.search(r"^schema\s*=\s*mailbox\s*$", text, re.MULTILINE)
+    assert re.search(r"^relocatable\s*=\s*false\s*$", text, re.MULTILINE)
