@@ -96,9 +96,9 @@ CREATE TABLE mailbox._claim_check_consumed (
     row_key bigint NOT NULL,
     group_name text NOT NULL,
     consumed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (outbox_key, row_key, group_name),
-    FOREIGN KEY (outbox_key, row_key)
-        REFERENCES mailbox._outbox_log (outbox_key, _id) ON DELETE CASCADE
+    -- no foreign key to the log: it would forbid TRUNCATE of a drained outbox; retention
+    -- and drop_outbox delete these rows with theirs
+    PRIMARY KEY (outbox_key, row_key, group_name)
 );
 COMMENT ON TABLE mailbox._claim_check_consumed IS
 'pg_mailbox: claim-check rows that a consumer group (or every group, '''') has read';

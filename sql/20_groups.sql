@@ -1,13 +1,184 @@
--- Part 20: consumer groups over an outbox (SPEC §2).
+-- Part 20: consumer groups over an outbox (SPEC §2): catalog and leases.
+--
+-- A group reads offsets in order. delivered_offset is how far it has handed rows out; every
+-- offset in (group_offset, delivered_offset] is in exactly one lease, a contiguous range held
+-- by one consumer until it is acknowledged (the lease row is deleted) or expires (the next
+-- poll of any consumer takes it over). So group_offset, the highest offset H with every row
+-- <= H acknowledged, is simply the lowest leased offset - 1, or delivered_offset without
+-- leases. Polls and commits write one lease row per batch, never one row per message.
 
 CREATE TABLE mailbox._consumer_group (
     group_name text PRIMARY KEY,
     outbox_key int NOT NULL REFERENCES mailbox._outbox (outbox_key) ON DELETE CASCADE,
     auto_offset_reset text NOT NULL CHECK (auto_offset_reset IN ('earliest', 'latest')),
-    -- every row with an offset at or below this one is acknowledged by the group
-    group_offset bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
-);
+    group_offset bigint NOT NULL,
+    delivered_offset bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    CHECK (group_offset <= delivered_offset)
+) WITH (fillfactor = 50);
 CREATE INDEX _consumer_group_outbox_idx ON mailbox._consumer_group (outbox_key);
 COMMENT ON TABLE mailbox._consumer_group IS 'pg_mailbox catalog: consumer groups and their offsets';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._consumer_group', '');
+
+CREATE TABLE mailbox._consumer (
+    group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
+    consumer_id text NOT NULL,
+    committed_offset bigint NOT NULL DEFAULT 0,
+    registered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_heartbeat_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_commit_at timestamptz,
+    -- lowest offset of a lease taken from this consumer after it expired (fencing warning)
+    lost_from bigint,
+    -- set when maintenance reported this consumer unhealthy, cleared by its next heartbeat
+    unhealthy_since timestamptz,
+    -- set when maintenance reaped it (silent past the dead threshold; leases released)
+    reaped_at timestamptz,
+    PRIMARY KEY (group_name, consumer_id)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE mailbox._consumer IS 'pg_mailbox: consumers of each group, registered by their first poll';
+
+CREATE TABLE mailbox._lease (
+    group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
+    first_offset bigint NOT NULL,
+    last_offset bigint NOT NULL,
+    consumer_id text NOT NULL,
+    lease_until timestamptz NOT NULL,
+    PRIMARY KEY (group_name, first_offset),
+    CHECK (first_offset <= last_offset)
+) WITH (fillfactor = 70);
+CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
+COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
+
+-- A group by name, locked for the caller's change, or 42704.
+CREATE FUNCTION mailbox._lock_group(p_group text)
+RETURNS mailbox._consumer_group
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_group mailbox._consumer_group;
+BEGIN
+    PERFORM mailbox._check_id('consumer group', p_group);
+    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer group not found: %', p_group
+            USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
+    END IF;
+    RETURN v_group;
+END
+$$;
+
+-- A registered consumer (heartbeat refreshed), or 42704.
+CREATE FUNCTION mailbox._touch_consumer(p_group text, p_consumer text)
+RETURNS mailbox._consumer
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_consumer mailbox._consumer;
+BEGIN
+    PERFORM mailbox._check_id('consumer id', p_consumer);
+    UPDATE mailbox._consumer AS c
+       SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
+     WHERE c.group_name = p_group AND c.consumer_id = p_consumer
+    RETURNING * INTO v_consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer not found: % in group %', p_consumer, p_group
+            USING ERRCODE = '42704', HINT = 'A consumer registers itself with its first mailbox.poll_outbox().';
+    END IF;
+    RETURN v_consumer;
+END
+$$;
+
+-- Registers a consumer on first contact; refreshes its heartbeat otherwise.
+CREATE FUNCTION mailbox._register_consumer(p_group text, p_consumer text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._check_id('consumer id', p_consumer);
+    INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
+    VALUES (p_group, p_consumer)
+    ON CONFLICT (group_name, consumer_id)
+    DO UPDATE SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL;
+END
+$$;
+
+-- Every offset up to the head, numbered (used where "the head" must include every row
+-- committed so far: 'latest' groups, seek to the head, lag).
+CREATE FUNCTION mailbox._sequence_all(p_key int)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    LOOP
+        v_n := mailbox._sequence_outbox(p_key, 100000);
+        EXIT WHEN v_n < 100000;
+    END LOOP;
+    RETURN (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+END
+$$;
+
+CREATE FUNCTION mailbox.create_consumer_group(
+    p_name text, p_outbox text, p_auto_offset_reset text DEFAULT 'latest'
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- writes the extension catalog for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int;
+    v_start bigint;
+BEGIN
+    PERFORM mailbox._check_id('consumer group', p_name);
+    v_key := mailbox._outbox_key(p_outbox);
+    PERFORM mailbox._require(p_auto_offset_reset, 'p_auto_offset_reset');
+    IF p_auto_offset_reset NOT IN ('earliest', 'latest') THEN
+        RAISE EXCEPTION 'invalid auto_offset_reset: %', pg_catalog.quote_literal(p_auto_offset_reset)
+            USING ERRCODE = '22023', HINT = 'Use ''earliest'' (every retained row) or ''latest'' (rows committed from now on).';
+    END IF;
+    PERFORM mailbox._ddl_lock();
+    IF EXISTS (SELECT 1 FROM mailbox._consumer_group WHERE group_name = p_name) THEN
+        RAISE EXCEPTION 'consumer group already exists: %', p_name
+            USING ERRCODE = '42710', HINT = 'Choose another name, or drop it with mailbox.drop_consumer_group().';
+    END IF;
+    IF p_auto_offset_reset = 'latest' THEN
+        v_start := mailbox._sequence_all(v_key);
+    ELSE
+        v_start := (SELECT r.low_offset FROM mailbox._outbox_retention AS r WHERE r.outbox_key = v_key);
+    END IF;
+    INSERT INTO mailbox._consumer_group (group_name, outbox_key, auto_offset_reset, group_offset, delivered_offset)
+    VALUES (p_name, v_key, p_auto_offset_reset, v_start, v_start);
+END
+$$;
+COMMENT ON FUNCTION mailbox.create_consumer_group(text, text, text) IS
+'create a consumer group reading an outbox from its oldest retained row (earliest) or its head (latest)';
+
+CREATE FUNCTION mailbox.drop_consumer_group(p_name text, p_if_exists boolean DEFAULT FALSE)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- writes the extension catalog for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._require(p_name, 'p_name');
+    PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    DELETE FROM mailbox._claim_check_consumed WHERE group_name = p_name;
+    DELETE FROM mailbox._consumer_group WHERE group_name = p_name;
+    IF NOT FOUND THEN
+        IF p_if_exists THEN
+            RAISE NOTICE 'consumer group not found, skipping: %', p_name;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'consumer group not found: %', p_name
+            USING ERRCODE = '42704', HINT = 'mailbox.consumer_group_lag lists the groups.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION mailbox.drop_consumer_group(text, boolean) IS
+'drop a consumer group with its consumers and leases';

@@ -12,7 +12,9 @@ GRANT EXECUTE ON FUNCTION
     mailbox.disable_outbox(text, boolean),
     mailbox.drop_outbox(text, boolean),
     mailbox.outbox_snapshot(text),
-    mailbox.outbox_status(text)
+    mailbox.outbox_status(text),
+    mailbox.create_consumer_group(text, text, text),
+    mailbox.drop_consumer_group(text, boolean)
 TO mailbox_admin;
 GRANT SELECT ON mailbox.outboxes, mailbox.alert_log TO mailbox_admin;
 
@@ -25,5 +27,13 @@ TO mailbox_producer;
 -- mailbox_consumer: reading
 GRANT EXECUTE ON FUNCTION
     mailbox.outbox_delta_rows(text, bigint, int, int),
-    mailbox.outbox_rows_consumed(text, bigint, text)
+    mailbox.outbox_rows_consumed(text, bigint, text),
+    mailbox.poll_outbox(text, text, int, int),
+    mailbox.commit_offset(text, text, bigint),
+    mailbox.extend_lease(text, text, int),
+    mailbox.seek_offset(text, text, bigint),
+    mailbox.consumer_heartbeat(text, text),
+    mailbox.consumer_lag(text)
+TO mailbox_consumer;
+GRANT SELECT ON mailbox.consumer_status, mailbox.consumer_group_lag, mailbox.consumer_active_leases
 TO mailbox_consumer;

@@ -10,7 +10,13 @@ from . import alerts, inbox_maintenance, outbox_maintenance
 # pg_mailbox's advisory lock namespace (see mailbox._ddl_lock): key 2 = maintenance
 LOCK_SQL = "SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 2) AS ok"
 
-STEPS = (outbox_maintenance.run, inbox_maintenance.run, alerts.run)
+# truncate_drained runs last so its ACCESS EXCLUSIVE locks are held only until commit
+STEPS = (
+    outbox_maintenance.run,
+    inbox_maintenance.run,
+    alerts.run,
+    outbox_maintenance.truncate_drained,
+)
 
 
 def run(plpy):

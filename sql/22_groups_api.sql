@@ -1,0 +1,345 @@
+-- Part 22: the consumer-group data plane (SPEC §2.1, §2.2): poll, commit, extend, seek,
+-- heartbeat, lag, and the monitoring views.
+
+CREATE FUNCTION mailbox._check_positive(p_value int, p_param text, p_max int)
+RETURNS int
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL THEN
+        RAISE EXCEPTION '% must not be null', p_param
+            USING ERRCODE = '22004', HINT = pg_catalog.format('Pass %s from 1 to %s.', p_param, p_max);
+    END IF;
+    IF p_value < 1 OR p_value > p_max THEN
+        RAISE EXCEPTION 'invalid %: %', p_param, p_value
+            USING ERRCODE = '22023', HINT = pg_catalog.format('Pass %s from 1 to %s.', p_param, p_max);
+    END IF;
+    RETURN p_value;
+END
+$$;
+
+-- The rows at offsets p_first .. p_last of an outbox, in offset order.
+CREATE FUNCTION mailbox._rows_between(p_key int, p_first bigint, p_last bigint)
+RETURNS TABLE (
+    outbox_id bigint, event_id uuid, created_at timestamptz, source text, event_type text, key text,
+    headers jsonb, inserted_count int, deleted_count int, is_claim_check boolean, full_refresh boolean,
+    payload jsonb
+)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT s.first_in_chunk + u.n - 1,
+           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
+      FROM mailbox._outbox_chunk AS c
+     CROSS JOIN LATERAL (
+           SELECT greatest(p_first, c.base_offset + 1) AS first_in_chunk,
+                  least(p_last, c.base_offset + c.row_count) AS last_in_chunk
+     ) AS s
+     CROSS JOIN LATERAL pg_catalog.unnest(
+           c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
+     ) WITH ORDINALITY AS u (id, n)
+      JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
+     WHERE c.outbox_key = p_key
+       -- chunks are contiguous: start at the one holding p_first, stop before p_last
+       AND c.base_offset >= coalesce((SELECT pg_catalog.max(c2.base_offset) FROM mailbox._outbox_chunk AS c2
+                                       WHERE c2.outbox_key = p_key AND c2.base_offset < p_first), 0)
+       AND c.base_offset < p_last
+     ORDER BY 1;
+$$;
+
+CREATE FUNCTION mailbox.poll_outbox(
+    p_group text, p_consumer text, p_batch_size int DEFAULT 100, p_visibility_seconds int DEFAULT 30
+)
+RETURNS TABLE (
+    outbox_id bigint, event_id uuid, created_at timestamptz, source text, event_type text, key text,
+    headers jsonb, inserted_count int, deleted_count int, is_claim_check boolean, full_refresh boolean,
+    payload jsonb
+)
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- consumers read the outbox and write leases only through this function
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_group mailbox._consumer_group;
+    v_until timestamptz;
+    v_first bigint;
+    v_last bigint;
+    v_holder text;
+    v_held_until timestamptz;
+    v_head bigint;
+BEGIN
+    PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
+    PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
+    v_group := mailbox._lock_group(p_group);
+    PERFORM mailbox._register_consumer(p_group, p_consumer);
+    v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_visibility_seconds);
+
+    -- An expired lease comes first: its rows are delivered again (at-least-once).
+    SELECT l.first_offset, l.last_offset, l.consumer_id, l.lease_until
+      INTO v_first, v_last, v_holder, v_held_until
+      FROM mailbox._lease AS l
+     WHERE l.group_name = p_group AND l.lease_until <= pg_catalog.now()
+     ORDER BY l.first_offset
+     LIMIT 1;
+    IF FOUND THEN
+        IF v_last - v_first + 1 > p_batch_size THEN
+            -- take the front; the rest stays an expired lease of the same holder
+            INSERT INTO mailbox._lease (group_name, first_offset, last_offset, consumer_id, lease_until)
+            VALUES (p_group, v_first + p_batch_size, v_last, v_holder, v_held_until);
+            v_last := v_first + p_batch_size - 1;
+        END IF;
+        UPDATE mailbox._lease
+           SET last_offset = v_last, consumer_id = p_consumer, lease_until = v_until
+         WHERE group_name = p_group AND first_offset = v_first;
+        IF v_holder <> p_consumer THEN
+            -- fencing: the old holder's late commit must not acknowledge these rows
+            UPDATE mailbox._consumer
+               SET lost_from = least(coalesce(lost_from, v_first), v_first)
+             WHERE group_name = p_group AND consumer_id = v_holder;
+        END IF;
+    ELSE
+        v_first := v_group.delivered_offset + 1;
+        v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
+        IF v_head < v_first + p_batch_size - 1 THEN
+            PERFORM mailbox._sequence_outbox(v_group.outbox_key, greatest(p_batch_size, 1000));
+            v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
+        END IF;
+        IF v_head < v_first THEN
+            RETURN;
+        END IF;
+        v_last := least(v_head, v_first + p_batch_size - 1);
+        INSERT INTO mailbox._lease (group_name, first_offset, last_offset, consumer_id, lease_until)
+        VALUES (p_group, v_first, v_last, p_consumer, v_until);
+        UPDATE mailbox._consumer_group SET delivered_offset = v_last WHERE group_name = p_group;
+    END IF;
+    RETURN QUERY SELECT * FROM mailbox._rows_between(v_group.outbox_key, v_first, v_last);
+END
+$$;
+COMMENT ON FUNCTION mailbox.poll_outbox(text, text, int, int) IS
+'lease the next rows of a consumer group (expired leases first) to a consumer, in offset order';
+
+CREATE FUNCTION mailbox.commit_offset(p_group text, p_consumer text, p_last_offset bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- consumers acknowledge only through this function
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_consumer mailbox._consumer;
+    v_full bigint;
+    v_partial bigint;
+BEGIN
+    PERFORM mailbox._lock_group(p_group);
+    v_consumer := mailbox._touch_consumer(p_group, p_consumer);
+    PERFORM mailbox._require(p_last_offset, 'p_last_offset');
+    IF p_last_offset < v_consumer.committed_offset THEN
+        RAISE WARNING 'commit below committed offset: consumer % of group % is at %, got %',
+            p_consumer, p_group, v_consumer.committed_offset, p_last_offset
+            USING HINT = 'Nothing was acknowledged; offsets only move forward (use mailbox.seek_offset() to move back).';
+        RETURN 0;
+    END IF;
+    IF v_consumer.lost_from IS NOT NULL AND v_consumer.lost_from <= p_last_offset THEN
+        RAISE WARNING 'lease lost: consumer % of group % no longer holds offsets from %',
+            p_consumer, p_group, v_consumer.lost_from
+            USING DETAIL = 'Its lease expired and the rows were delivered to another consumer.',
+                  HINT = 'Extend leases with mailbox.extend_lease() while a batch takes longer than its visibility timeout.';
+    END IF;
+
+    WITH acked AS (
+        DELETE FROM mailbox._lease AS l
+         WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.last_offset <= p_last_offset
+        RETURNING l.last_offset - l.first_offset + 1 AS n
+    )
+    SELECT coalesce(pg_catalog.sum(n), 0) INTO v_full FROM acked;
+    WITH cut AS (
+        SELECT l.first_offset FROM mailbox._lease AS l
+         WHERE l.group_name = p_group AND l.consumer_id = p_consumer
+           AND l.first_offset <= p_last_offset AND l.last_offset > p_last_offset
+    ), moved AS (
+        UPDATE mailbox._lease AS l SET first_offset = p_last_offset + 1
+          FROM cut
+         WHERE l.group_name = p_group AND l.first_offset = cut.first_offset
+        RETURNING p_last_offset - cut.first_offset + 1 AS n
+    )
+    SELECT coalesce(pg_catalog.sum(n), 0) INTO v_partial FROM moved;
+
+    UPDATE mailbox._consumer_group AS g
+       SET group_offset = coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                                     WHERE l.group_name = p_group), g.delivered_offset)
+     WHERE g.group_name = p_group;
+    UPDATE mailbox._consumer
+       SET committed_offset = p_last_offset, last_commit_at = pg_catalog.now(),
+           lost_from = CASE WHEN lost_from <= p_last_offset THEN NULL ELSE lost_from END
+     WHERE group_name = p_group AND consumer_id = p_consumer;
+    RETURN v_full + v_partial;
+END
+$$;
+COMMENT ON FUNCTION mailbox.commit_offset(text, text, bigint) IS
+'acknowledge the rows this consumer holds leases on up to an offset; returns how many';
+
+CREATE FUNCTION mailbox.extend_lease(p_group text, p_consumer text, p_extension_seconds int DEFAULT 30)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- consumers change their own leases only through this function
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_until timestamptz;
+BEGIN
+    PERFORM mailbox._check_id('consumer group', p_group);
+    IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group WHERE group_name = p_group) THEN
+        RAISE EXCEPTION 'consumer group not found: %', p_group
+            USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
+    END IF;
+    PERFORM mailbox._touch_consumer(p_group, p_consumer);
+    PERFORM mailbox._require(p_extension_seconds, 'p_extension_seconds');
+    IF p_extension_seconds < 0 THEN
+        RAISE EXCEPTION 'invalid p_extension_seconds: %', p_extension_seconds
+            USING ERRCODE = '22023', HINT = 'Pass 0 or more seconds from now.';
+    END IF;
+    -- only live leases: an expired one may already belong to someone else
+    UPDATE mailbox._lease
+       SET lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => p_extension_seconds)
+     WHERE group_name = p_group AND consumer_id = p_consumer AND lease_until > pg_catalog.now();
+    IF FOUND THEN
+        v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_extension_seconds);
+    END IF;
+    RETURN v_until;
+END
+$$;
+COMMENT ON FUNCTION mailbox.extend_lease(text, text, int) IS
+'move every live lease of a consumer to now() + p_extension_seconds; NULL when it holds none';
+
+CREATE FUNCTION mailbox.seek_offset(p_group text, p_consumer text, p_new_offset bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- moves a group's offsets in the extension catalog
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_group mailbox._consumer_group := mailbox._lock_group(p_group);
+    v_head bigint;
+    v_low bigint;
+    v_new bigint;
+BEGIN
+    PERFORM mailbox._register_consumer(p_group, p_consumer);
+    IF p_new_offset < 0 THEN
+        RAISE EXCEPTION 'invalid offset: %', p_new_offset
+            USING ERRCODE = '22023', HINT = 'Offsets start at 0 (before the first row); NULL means the head.';
+    END IF;
+    v_head := mailbox._sequence_all(v_group.outbox_key);
+    v_low := (SELECT r.low_offset FROM mailbox._outbox_retention AS r WHERE r.outbox_key = v_group.outbox_key);
+    v_new := coalesce(p_new_offset, v_head);
+    IF v_new > v_head OR v_new < v_low THEN
+        RAISE NOTICE 'offset % is outside the retained range % .. %; using %', v_new, v_low, v_head,
+            least(greatest(v_new, v_low), v_head);
+        v_new := least(greatest(v_new, v_low), v_head);
+    END IF;
+    DELETE FROM mailbox._lease WHERE group_name = p_group;
+    UPDATE mailbox._consumer_group SET group_offset = v_new, delivered_offset = v_new WHERE group_name = p_group;
+    UPDATE mailbox._consumer SET committed_offset = v_new, lost_from = NULL WHERE group_name = p_group;
+    PERFORM mailbox._alert('consumer_seeked', pg_catalog.jsonb_build_object(
+        'group', p_group, 'consumer', p_consumer, 'from_offset', v_group.group_offset, 'to_offset', v_new));
+END
+$$;
+COMMENT ON FUNCTION mailbox.seek_offset(text, text, bigint) IS
+'move a consumer group so that rows after p_new_offset (NULL: the head) are delivered next';
+
+CREATE FUNCTION mailbox.consumer_heartbeat(p_group text, p_consumer text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- consumers report liveness only through this function
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._check_id('consumer group', p_group);
+    IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group WHERE group_name = p_group) THEN
+        RAISE EXCEPTION 'consumer group not found: %', p_group
+            USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
+    END IF;
+    PERFORM mailbox._touch_consumer(p_group, p_consumer);
+END
+$$;
+COMMENT ON FUNCTION mailbox.consumer_heartbeat(text, text) IS 'record that a consumer is alive';
+
+CREATE FUNCTION mailbox._heartbeat_timeout()
+RETURNS interval
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT pg_catalog.make_interval(secs => mailbox._setting_int('consumer_heartbeat_timeout_seconds', 60, 1, 86400000));
+$$;
+
+CREATE FUNCTION mailbox.consumer_lag(p_group text DEFAULT NULL)
+RETURNS TABLE (
+    group_name text, consumer_id text, committed_offset bigint, group_offset bigint, head_offset bigint,
+    lag bigint, in_flight bigint, last_heartbeat_at timestamptz, heartbeat_age_seconds double precision,
+    healthy boolean
+)
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- reads consumer state for mailbox_consumer
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_timeout interval := mailbox._heartbeat_timeout();
+BEGIN
+    IF p_group IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailbox._consumer_group AS g WHERE g.group_name = p_group) THEN
+        RAISE EXCEPTION 'consumer group not found: %', p_group
+            USING ERRCODE = '42704', HINT = 'mailbox.consumer_group_lag lists the groups.';
+    END IF;
+    -- the head must count every committed row, numbered or not yet
+    PERFORM mailbox._sequence_all(k.outbox_key)
+       FROM (SELECT DISTINCT g.outbox_key FROM mailbox._consumer_group AS g
+              WHERE p_group IS NULL OR g.group_name = p_group) AS k;
+    RETURN QUERY
+    SELECT g.group_name, c.consumer_id, c.committed_offset, g.group_offset, o.head_offset,
+           o.head_offset - g.group_offset,
+           coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1)::bigint FROM mailbox._lease AS l
+                      WHERE l.group_name = g.group_name AND l.consumer_id = c.consumer_id
+                        AND l.lease_until > pg_catalog.now()), 0),
+           c.last_heartbeat_at,
+           EXTRACT(EPOCH FROM pg_catalog.now() - c.last_heartbeat_at)::double precision,
+           pg_catalog.now() - c.last_heartbeat_at < v_timeout
+      FROM mailbox._consumer_group AS g
+      JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
+      LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
+     WHERE p_group IS NULL OR g.group_name = p_group
+     ORDER BY g.group_name, c.consumer_id;
+END
+$$;
+COMMENT ON FUNCTION mailbox.consumer_lag(text) IS
+'per consumer (one row with NULL consumer for a group without any): offsets, lag in rows, in-flight rows, health';
+
+CREATE VIEW mailbox.consumer_status AS
+SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset, g.group_offset,
+       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
+                  WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
+                    AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
+       c.registered_at, c.last_heartbeat_at, c.last_commit_at,
+       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy
+  FROM mailbox._consumer AS c
+  JOIN mailbox._consumer_group AS g ON g.group_name = c.group_name
+  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
+COMMENT ON VIEW mailbox.consumer_status IS 'every consumer with its offsets, in-flight rows and health';
+
+CREATE VIEW mailbox.consumer_group_lag AS
+SELECT g.group_name, o.outbox_name, g.auto_offset_reset, g.group_offset, g.delivered_offset, o.head_offset,
+       o.head_offset - g.group_offset AS lag,
+       (SELECT pg_catalog.count(*) FROM mailbox._consumer AS c WHERE c.group_name = g.group_name) AS consumers,
+       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
+                  WHERE l.group_name = g.group_name AND l.lease_until > pg_catalog.now()), 0) AS in_flight
+  FROM mailbox._consumer_group AS g
+  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
+COMMENT ON VIEW mailbox.consumer_group_lag IS
+'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';
+
+CREATE VIEW mailbox.consumer_active_leases AS
+SELECT l.group_name, l.consumer_id, l.first_offset, l.last_offset, l.last_offset - l.first_offset + 1 AS row_count,
+       l.lease_until
+  FROM mailbox._lease AS l
+ WHERE l.lease_until > pg_catalog.now();
+COMMENT ON VIEW mailbox.consumer_active_leases IS 'unexpired leases: which consumer holds which offsets until when';
