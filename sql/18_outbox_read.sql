@@ -28,6 +28,9 @@ DECLARE
     v_xid xid8;
     v_id bigint;
     v_fresh boolean;
+    v_seq_xmax xid8;
+    v_win_xmax xid8;
+    v_xip xid8[];
     v_chunk int := mailbox._setting_int('outbox_chunk_rows', 1000, 1, 1000000);
     v_want int;
     v_ids bigint[];
@@ -54,22 +57,28 @@ BEGIN
             v_id := 0;
         END IF;
         v_want := least(v_chunk, greatest(p_limit - v_total, 1));
-        -- ordered by (_xid, _id), so the last row's xid is the greatest one
+        -- Three parts in (_xid, _id) order, each an index range scan with plain conditions
+        -- (a row comparison would displace the other conditions from the index bounds):
+        -- the rest of the cursor's transaction, the other transactions in progress at
+        -- S_prev, then the xid range new since S_prev.
+        v_seq_xmax := pg_catalog.pg_snapshot_xmax(v_seq);
+        v_win_xmax := pg_catalog.pg_snapshot_xmax(v_win);
+        v_xip := ARRAY(SELECT x FROM pg_catalog.pg_snapshot_xip(v_seq) AS x
+                        WHERE x > v_xid AND pg_catalog.pg_visible_in_snapshot(x, v_win) ORDER BY x);
         SELECT pg_catalog.array_agg(w._id ORDER BY w._xid, w._id), pg_catalog.max(w._xid)
           INTO v_ids, v_last_xid
           FROM (
               (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
-                WHERE l.outbox_key = p_key
-                  AND l._xid = ANY (ARRAY(SELECT pg_catalog.pg_snapshot_xip(v_seq)))
-                  AND (l._xid, l._id) > (v_xid, v_id)
-                  AND pg_catalog.pg_visible_in_snapshot(l._xid, v_win)
+                WHERE l.outbox_key = p_key AND l._xid = v_xid AND l._id > v_id
+                ORDER BY l._xid, l._id LIMIT v_want)
+              UNION ALL
+              (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
+                WHERE l.outbox_key = p_key AND l._xid = ANY (v_xip)
                 ORDER BY l._xid, l._id LIMIT v_want)
               UNION ALL
               (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
                 WHERE l.outbox_key = p_key
-                  AND l._xid >= pg_catalog.pg_snapshot_xmax(v_seq)
-                  AND l._xid < pg_catalog.pg_snapshot_xmax(v_win)
-                  AND (l._xid, l._id) > (v_xid, v_id)
+                  AND l._xid >= v_seq_xmax AND l._xid > v_xid AND l._xid < v_win_xmax
                   AND pg_catalog.pg_visible_in_snapshot(l._xid, v_win)
                 ORDER BY l._xid, l._id LIMIT v_want)
               ORDER BY 1, 2

@@ -19,36 +19,6 @@ BEGIN
 END
 $$;
 
--- The rows at offsets p_first .. p_last of an outbox, in offset order.
-CREATE FUNCTION mailbox._rows_between(p_key int, p_first bigint, p_last bigint)
-RETURNS TABLE (
-    outbox_id bigint, event_id uuid, created_at timestamptz, source text, event_type text, key text,
-    headers jsonb, inserted_count int, deleted_count int, is_claim_check boolean, full_refresh boolean,
-    payload jsonb
-)
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-    SELECT s.first_in_chunk + u.n - 1,
-           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
-           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
-      FROM mailbox._outbox_chunk AS c
-     CROSS JOIN LATERAL (
-           SELECT greatest(p_first, c.base_offset + 1) AS first_in_chunk,
-                  least(p_last, c.base_offset + c.row_count) AS last_in_chunk
-     ) AS s
-     CROSS JOIN LATERAL pg_catalog.unnest(
-           c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
-     ) WITH ORDINALITY AS u (id, n)
-      JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
-     WHERE c.outbox_key = p_key
-       -- chunks are contiguous: start at the one holding p_first, stop before p_last
-       AND c.base_offset >= coalesce((SELECT pg_catalog.max(c2.base_offset) FROM mailbox._outbox_chunk AS c2
-                                       WHERE c2.outbox_key = p_key AND c2.base_offset < p_first), 0)
-       AND c.base_offset < p_last
-     ORDER BY 1;
-$$;
-
 CREATE FUNCTION mailbox.poll_outbox(
     p_group text, p_consumer text, p_batch_size int DEFAULT 100, p_visibility_seconds int DEFAULT 30
 )
@@ -73,8 +43,19 @@ DECLARE
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
-    v_group := mailbox._lock_group(p_group);
-    PERFORM mailbox._register_consumer(p_group, p_consumer);
+    -- The hot path inlines what helpers do elsewhere (PL/pgSQL caches these plans); the
+    -- helpers run only to raise the right error.
+    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    IF NOT FOUND THEN
+        v_group := mailbox._lock_group(p_group);
+    END IF;
+    IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
+        PERFORM mailbox._check_id('consumer id', p_consumer);
+    END IF;
+    INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
+    VALUES (p_group, p_consumer)
+    ON CONFLICT (group_name, consumer_id)
+    DO UPDATE SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL;
     v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_visibility_seconds);
 
     -- An expired lease comes first: its rows are delivered again (at-least-once).
@@ -115,7 +96,25 @@ BEGIN
         VALUES (p_group, v_first, v_last, p_consumer, v_until);
         UPDATE mailbox._consumer_group SET delivered_offset = v_last WHERE group_name = p_group;
     END IF;
-    RETURN QUERY SELECT * FROM mailbox._rows_between(v_group.outbox_key, v_first, v_last);
+    -- rows v_first .. v_last: slices of the contiguous chunks that hold them, joined to the log
+    RETURN QUERY
+    SELECT s.first_in_chunk + u.n - 1,
+           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
+      FROM mailbox._outbox_chunk AS c
+     CROSS JOIN LATERAL (
+           SELECT greatest(v_first, c.base_offset + 1) AS first_in_chunk,
+                  least(v_last, c.base_offset + c.row_count) AS last_in_chunk
+     ) AS s
+     CROSS JOIN LATERAL pg_catalog.unnest(
+           c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
+     ) WITH ORDINALITY AS u (id, n)
+      JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
+     WHERE c.outbox_key = v_group.outbox_key
+       AND c.base_offset >= coalesce((SELECT pg_catalog.max(c2.base_offset) FROM mailbox._outbox_chunk AS c2
+                                       WHERE c2.outbox_key = v_group.outbox_key AND c2.base_offset < v_first), 0)
+       AND c.base_offset < v_last
+     ORDER BY 1;
 END
 $$;
 COMMENT ON FUNCTION mailbox.poll_outbox(text, text, int, int) IS
@@ -132,10 +131,19 @@ DECLARE
     v_full bigint;
     v_partial bigint;
 BEGIN
-    PERFORM mailbox._lock_group(p_group);
-    v_consumer := mailbox._touch_consumer(p_group, p_consumer);
+    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM mailbox._lock_group(p_group); -- raises the right error
+    END IF;
+    SELECT * INTO v_consumer FROM mailbox._consumer AS c
+     WHERE c.group_name = p_group AND c.consumer_id = p_consumer
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
+    END IF;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < v_consumer.committed_offset THEN
+        PERFORM mailbox._touch_consumer(p_group, p_consumer);
         RAISE WARNING 'commit below committed offset: consumer % of group % is at %, got %',
             p_consumer, p_group, v_consumer.committed_offset, p_last_offset
             USING HINT = 'Nothing was acknowledged; offsets only move forward (use mailbox.seek_offset() to move back).';
@@ -172,6 +180,7 @@ BEGIN
      WHERE g.group_name = p_group;
     UPDATE mailbox._consumer
        SET committed_offset = p_last_offset, last_commit_at = pg_catalog.now(),
+           last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL,
            lost_from = CASE WHEN lost_from <= p_last_offset THEN NULL ELSE lost_from END
      WHERE group_name = p_group AND consumer_id = p_consumer;
     RETURN v_full + v_partial;

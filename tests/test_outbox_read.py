@@ -191,3 +191,32 @@ def test_concurrent_sequencers_never_hand_out_an_offset_twice(db, connect):
     offsets = sorted(r["outbox_id"] for r in outbox_rows(db, "e"))
     assert offsets == list(range(1, 501))
     assert scalar(db, "SELECT head_offset FROM mailbox.outboxes WHERE outbox_name = 'e'") == 500
+
+
+def test_window_over_late_and_new_transactions_in_small_chunks(db, connect):
+    """A transaction in progress at the last window (xip part) and newer ones (range part),
+    numbered two rows at a time: every row once, late rows first, in (xid, key) order."""
+    db.execute("SELECT mailbox.create_outbox('e')")
+    key = scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = 'e'")
+    late = connect(autocommit=False)
+    late.execute(
+        "SELECT mailbox.outbox_publish_batch('e', array_fill('{\"t\": \"late\"}'::jsonb, ARRAY[5]))"
+    )
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"t\": \"early\"}')")
+    assert sequence(db, "e") == 1  # the window's snapshot sees 'late' in progress
+    late.commit()
+    db.execute(
+        "SELECT mailbox.outbox_publish_batch('e', array_fill('{\"t\": \"new\"}'::jsonb, ARRAY[3]))"
+    )
+    db.execute("SET mailbox.outbox_chunk_rows = 2")
+    counts = []
+    while n := scalar(db, "SELECT mailbox._sequence_outbox(%s, 2)", [key]):
+        counts.append(n)
+    assert counts == [2, 2, 2, 2]
+    got = [
+        (r["outbox_id"], r["payload"]["t"])
+        for r in sorted(outbox_rows(db, "e"), key=lambda r: r["outbox_id"])
+    ]
+    assert got == [(1, "early")] + [(i, "late") for i in range(2, 7)] + [
+        (i, "new") for i in range(7, 10)
+    ]
