@@ -72,6 +72,9 @@ CREATE TABLE mailbox._outbox_chunk (
     base_offset bigint NOT NULL,
     row_count int NOT NULL CHECK (row_count > 0),
     ids bigint[] NOT NULL,
+    -- ids are first_id, first_id + 1, ... in order: read with one index range scan
+    dense boolean NOT NULL,
+    first_id bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (outbox_key, base_offset)
 );

@@ -86,8 +86,11 @@ BEGIN
           ) AS w;
         v_n := coalesce(pg_catalog.cardinality(v_ids), 0);
         IF v_n > 0 THEN
-            INSERT INTO mailbox._outbox_chunk (outbox_key, base_offset, row_count, ids)
-            VALUES (p_key, v_head, v_n, v_ids);
+            INSERT INTO mailbox._outbox_chunk (outbox_key, base_offset, row_count, ids, dense, first_id)
+            VALUES (p_key, v_head, v_n, v_ids,
+                    v_ids[v_n] - v_ids[1] = v_n - 1
+                    AND v_ids = ARRAY(SELECT x FROM pg_catalog.unnest(v_ids) AS x ORDER BY x),
+                    v_ids[1]);
             v_head := v_head + v_n;
             v_total := v_total + v_n;
             v_xid := v_last_xid;

@@ -30,6 +30,9 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- consumers read the outbox and write leases only through this function
 SET search_path = pg_catalog, mailbox, pg_temp
+-- a batch is at most a few thousand index-scanned rows: starting parallel workers for it
+-- (the planner's estimates can suggest it) costs more than the whole poll
+SET max_parallel_workers_per_gather = 0
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -40,6 +43,7 @@ DECLARE
     v_holder text;
     v_held_until timestamptz;
     v_head bigint;
+    v_from_chunk bigint;
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
@@ -96,8 +100,23 @@ BEGIN
         VALUES (p_group, v_first, v_last, p_consumer, v_until);
         UPDATE mailbox._consumer_group SET delivered_offset = v_last WHERE group_name = p_group;
     END IF;
-    -- rows v_first .. v_last: slices of the contiguous chunks that hold them, joined to the log
+    -- Rows v_first .. v_last, from the chunks that hold them (contiguous, so: from the one
+    -- holding v_first to the one before v_last). A dense chunk (keys first_id, first_id + 1,
+    -- ...) is read with one index range scan; others by joining their key slice to the log.
+    v_from_chunk := coalesce((SELECT pg_catalog.max(c.base_offset) FROM mailbox._outbox_chunk AS c
+                               WHERE c.outbox_key = v_group.outbox_key AND c.base_offset < v_first), 0);
     RETURN QUERY
+    SELECT c.base_offset + 1 + (l._id - c.first_id),
+           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
+      FROM mailbox._outbox_chunk AS c
+      JOIN mailbox._outbox_log AS l
+        ON l.outbox_key = c.outbox_key
+       AND l._id BETWEEN c.first_id + greatest(v_first - c.base_offset - 1, 0)
+                     AND c.first_id + least(v_last - c.base_offset, c.row_count) - 1
+     WHERE c.outbox_key = v_group.outbox_key AND c.dense
+       AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
+    UNION ALL
     SELECT s.first_in_chunk + u.n - 1,
            l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
            l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
@@ -110,10 +129,8 @@ BEGIN
            c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
      ) WITH ORDINALITY AS u (id, n)
       JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
-     WHERE c.outbox_key = v_group.outbox_key
-       AND c.base_offset >= coalesce((SELECT pg_catalog.max(c2.base_offset) FROM mailbox._outbox_chunk AS c2
-                                       WHERE c2.outbox_key = v_group.outbox_key AND c2.base_offset < v_first), 0)
-       AND c.base_offset < v_last
+     WHERE c.outbox_key = v_group.outbox_key AND NOT c.dense
+       AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
      ORDER BY 1;
 END
 $$;

@@ -220,3 +220,30 @@ def test_window_over_late_and_new_transactions_in_small_chunks(db, connect):
     assert got == [(1, "early")] + [(i, "late") for i in range(2, 7)] + [
         (i, "new") for i in range(7, 10)
     ]
+
+
+def test_polls_read_dense_and_sparse_chunks_alike(db, connect):
+    """Chunks whose keys are one ascending run are read by range, others by key: same rows."""
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
+    late = connect(autocommit=False)
+    late.execute(
+        "SELECT mailbox.outbox_publish_batch('e', array_fill('{\"t\": \"late\"}'::jsonb, ARRAY[5]))"
+    )
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"t\": \"early\"}')")
+    sequence(db, "e")
+    late.commit()
+    db.execute(
+        "SELECT mailbox.outbox_publish_batch('e', array_fill('{\"t\": \"new\"}'::jsonb, ARRAY[3]))"
+    )
+    db.execute("SET mailbox.outbox_chunk_rows = 2")
+    sequence(db, "e")
+    dense = [r[0] for r in rows(db, "SELECT dense FROM mailbox._outbox_chunk ORDER BY base_offset")]
+    assert dense == [True, True, True, False, True]  # [6] [1,2] [3,4] [5,7] [8,9]
+    for first, batch in ((0, 9), (2, 3), (4, 4)):
+        db.execute("SELECT mailbox.seek_offset('g', 'c', %s)", [first])
+        got = rows(
+            db, "SELECT outbox_id, payload->>'t' FROM mailbox.poll_outbox('g', 'c', %s)", [batch]
+        )
+        expected = [(i, t) for i, t in enumerate(["early"] + ["late"] * 5 + ["new"] * 3, start=1)]
+        assert got == expected[first : first + batch]

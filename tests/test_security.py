@@ -45,7 +45,8 @@ def test_every_security_definer_function_pins_search_path(db):
     )
     assert got, "expected SECURITY DEFINER functions"
     for name, config in got:
-        assert config == ["search_path=pg_catalog, mailbox, pg_temp"], name
+        assert config[0] == "search_path=pg_catalog, mailbox, pg_temp", name
+        assert set(config[1:]) <= {"max_parallel_workers_per_gather=0"}, name
 
 
 def test_every_function_has_a_pinned_search_path(db):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pg_mailbox import __version__, demo
+from pg_mailbox import __version__, demo, maintain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=demo.run)
+    maintain_parser = commands.add_parser(
+        "maintain",
+        help="run mailbox.run_maintenance() on an interval (when pg_cron is absent)",
+        description="Call mailbox.run_maintenance() every --interval seconds until SIGTERM.",
+    )
+    maintain.add_arguments(maintain_parser)
+    maintain_parser.set_defaults(func=maintain.run)
     return parser
 
 
