@@ -144,6 +144,9 @@ AS $$
     SELECT mailbox._unwrap(mailbox._derive_outbox_name_py(p_schema, p_table)) #>> '{}';
 $$;
 
+-- The capture trigger gets its outbox's key, name and threshold as arguments, so it reads no
+-- catalog per statement. Arguments are DDL literals: quote_literal of values this extension
+-- generated or validated (an integer, a checked name), never free caller text.
 CREATE FUNCTION mailbox._install_capture(p_rel oid, p_key int)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -151,20 +154,25 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_table regclass := p_rel::regclass;
+    v_args text;
 BEGIN
+    SELECT pg_catalog.format('%s, %s, %s', o.outbox_key, pg_catalog.quote_literal(o.outbox_name),
+                             pg_catalog.quote_literal(coalesce(o.inline_threshold_rows::text, '')))
+      INTO v_args
+      FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
     EXECUTE pg_catalog.format(
         'CREATE TRIGGER mailbox_capture_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS mailbox_new_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
     EXECUTE pg_catalog.format(
         'CREATE TRIGGER mailbox_capture_update AFTER UPDATE ON %s'
         ' REFERENCING OLD TABLE AS mailbox_old_rows NEW TABLE AS mailbox_new_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
     EXECUTE pg_catalog.format(
         'CREATE TRIGGER mailbox_capture_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS mailbox_old_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
     EXECUTE pg_catalog.format(
         'CREATE TRIGGER mailbox_capture_truncate AFTER TRUNCATE ON %s'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, p_key);
+        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
 END
 $$;
 

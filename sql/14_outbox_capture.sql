@@ -25,9 +25,10 @@ SECURITY DEFINER -- any role allowed to write the captured table writes its outb
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
+    -- arguments fixed by enable_outbox: outbox key, outbox name, per-outbox threshold or ''
     v_key int := TG_ARGV[0]::int;
-    v_name text;
-    v_threshold int;
+    v_name text := TG_ARGV[1];
+    v_threshold int := nullif(TG_ARGV[2], '')::int;
     v_source text := pg_catalog.format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
     v_ins bigint := 0;
     v_del bigint := 0;
@@ -35,13 +36,8 @@ DECLARE
     v_deleted jsonb := '[]';
     v_row bigint;
 BEGIN
-    SELECT o.outbox_name, o.inline_threshold_rows INTO v_name, v_threshold
-      FROM mailbox._outbox AS o WHERE o.outbox_key = v_key;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'outbox of table % no longer exists', v_source
-            USING ERRCODE = '55000',
-                  HINT = pg_catalog.format('Drop the mailbox_capture_* triggers of %s or enable its outbox again.', v_source);
-    END IF;
+    -- The capture hot path calls no helpers with SET clauses unless a setting is present:
+    -- an unset GUC reads as NULL and means its default.
 
     IF TG_OP = 'TRUNCATE' THEN
         INSERT INTO mailbox._outbox_log (outbox_key, source, event_type, payload, full_refresh)
@@ -63,11 +59,16 @@ BEGIN
         SELECT pg_catalog.count(*) INTO v_ins FROM mailbox_new_rows;
         v_del := v_ins;
     END IF;
-    IF v_ins + v_del = 0 AND mailbox._setting_bool('outbox_skip_empty_delta', true) THEN
+    IF v_ins + v_del = 0
+       AND (pg_catalog.current_setting('mailbox.outbox_skip_empty_delta', true) IS NULL
+            OR mailbox._setting_bool('outbox_skip_empty_delta', true)) THEN
         RETURN NULL;
     END IF;
-    v_threshold := coalesce(v_threshold,
-                            mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647));
+    IF v_threshold IS NULL THEN
+        v_threshold := CASE WHEN pg_catalog.current_setting('mailbox.outbox_inline_threshold_rows', true) IS NULL
+                            THEN 10000
+                            ELSE mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647) END;
+    END IF;
 
     IF v_ins + v_del <= v_threshold THEN
         IF v_ins > 0 THEN
@@ -101,7 +102,10 @@ BEGIN
               FROM mailbox_new_rows AS r;
         END IF;
     END IF;
-    PERFORM mailbox._notify_outbox(v_name);
+    IF pg_catalog.current_setting('mailbox.outbox_notify', true) IS NULL
+       OR mailbox._setting_bool('outbox_notify', true) THEN
+        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', v_name);
+    END IF;
     RETURN NULL;
 END
 $$;
