@@ -196,11 +196,7 @@ DECLARE
     v_group_outbox int;
 BEGIN
     IF p_group IS NOT NULL THEN
-        SELECT g.outbox_key INTO v_group_outbox FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'consumer group not found: %', p_group
-                USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
-        END IF;
+        v_group_outbox := mailbox._group_outbox(p_group);
         IF v_group_outbox <> v_key THEN
             RAISE EXCEPTION 'consumer group % does not read outbox %', p_group, p_outbox
                 USING ERRCODE = '22023', HINT = 'Pass the group that polled this row, or NULL for every group.';

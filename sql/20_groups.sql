@@ -58,13 +58,30 @@ AS $$
 DECLARE
     v_group mailbox._consumer_group;
 BEGIN
-    PERFORM mailbox._check_id('consumer group', p_group);
     SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM mailbox._group_outbox(p_group); -- raises 22004, 22023 or 42704
+    END IF;
+    RETURN v_group;
+END
+$$;
+
+-- The outbox key of a group (no lock), or 42704.
+CREATE FUNCTION mailbox._group_outbox(p_group text)
+RETURNS int
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int;
+BEGIN
+    PERFORM mailbox._check_id('consumer group', p_group);
+    SELECT g.outbox_key INTO v_key FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'consumer group not found: %', p_group
             USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
     END IF;
-    RETURN v_group;
+    RETURN v_key;
 END
 $$;
 

@@ -215,11 +215,7 @@ AS $$
 DECLARE
     v_until timestamptz;
 BEGIN
-    PERFORM mailbox._check_id('consumer group', p_group);
-    IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group WHERE group_name = p_group) THEN
-        RAISE EXCEPTION 'consumer group not found: %', p_group
-            USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
-    END IF;
+    PERFORM mailbox._group_outbox(p_group);
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
     PERFORM mailbox._require(p_extension_seconds, 'p_extension_seconds');
     IF p_extension_seconds < 0 THEN
@@ -281,11 +277,7 @@ SECURITY DEFINER -- consumers report liveness only through this function
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    PERFORM mailbox._check_id('consumer group', p_group);
-    IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group WHERE group_name = p_group) THEN
-        RAISE EXCEPTION 'consumer group not found: %', p_group
-            USING ERRCODE = '42704', HINT = 'Create it with mailbox.create_consumer_group().';
-    END IF;
+    PERFORM mailbox._group_outbox(p_group);
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
 END
 $$;
@@ -313,9 +305,8 @@ AS $$
 DECLARE
     v_timeout interval := mailbox._heartbeat_timeout();
 BEGIN
-    IF p_group IS NOT NULL AND NOT EXISTS (SELECT 1 FROM mailbox._consumer_group AS g WHERE g.group_name = p_group) THEN
-        RAISE EXCEPTION 'consumer group not found: %', p_group
-            USING ERRCODE = '42704', HINT = 'mailbox.consumer_group_lag lists the groups.';
+    IF p_group IS NOT NULL THEN
+        PERFORM mailbox._group_outbox(p_group);
     END IF;
     -- the head must count every committed row, numbered or not yet
     PERFORM mailbox._sequence_all(k.outbox_key)
