@@ -70,15 +70,19 @@ def mailbox_drain(dsn, rows, batch, consumers):
             last = None
             while True:
                 # the relay pattern: acknowledge the previous batch and lease the next one in
-                # one transaction (one commit per batch)
-                if last is not None:
-                    conn.execute("SELECT mailbox.commit_offset('bench_g', %s, %s)", [f"c{i}", last])
-                got = conn.execute(
-                    "SELECT outbox_id, payload::text"
-                    " FROM mailbox.poll_outbox('bench_g', %s, %s, 60)",
-                    [f"c{i}", batch],
-                ).fetchall()
-                conn.commit()
+                # one transaction and, with psycopg's pipeline mode, one network round trip
+                with conn.pipeline():
+                    if last is not None:
+                        conn.execute(
+                            "SELECT mailbox.commit_offset('bench_g', %s, %s)", [f"c{i}", last]
+                        )
+                    cur = conn.execute(
+                        "SELECT outbox_id, payload::text"
+                        " FROM mailbox.poll_outbox('bench_g', %s, %s, 60)",
+                        [f"c{i}", batch],
+                    )
+                    conn.commit()
+                got = cur.fetchall()
                 if not got:
                     if last is None:
                         return

@@ -22,7 +22,7 @@ DEMO_DB = "demo"
 DEMO_TABLE_COMMENT = "pg_mailbox demo table"
 BULK_ROWS = 20000
 PAGE_SIZE = 5000
-OUTBOX_COLUMNS = (
+POLL_COLUMNS = (
     "outbox_id, event_id, created_at, source, event_type, key, headers, payload,"
     " inserted_count, deleted_count, is_claim_check, full_refresh"
 )
@@ -118,17 +118,6 @@ def _prepare_existing(p: Progress, conn: psycopg.Connection, replace: bool) -> N
         _run(p, conn, "DROP TABLE public.orders")
 
 
-def _sequence(conn: psycopg.Connection, outbox: str) -> int:
-    """Give committed rows their offsets now (a consumer's poll would do it)."""
-    key = conn.execute(
-        "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = %s", [outbox]
-    ).fetchone()[0]
-    total = 0
-    while n := conn.execute("SELECT mailbox._sequence_outbox(%s)", [key]).fetchone()[0]:
-        total += n
-    return total
-
-
 def tour(p: Progress, conn: psycopg.Connection) -> None:
     p.step("create the table to capture")
     _run(
@@ -178,8 +167,13 @@ def tour(p: Progress, conn: psycopg.Connection) -> None:
     )[0]["outbox_publish"]
     p.say(f"-> event id {event}")
 
-    p.step("assign offsets (outbox_id) to the committed rows, as a consumer's poll does")
-    p.say(f"-> orders: {_sequence(conn, 'orders')} row(s), events: {_sequence(conn, 'events')}")
+    p.step("read both outboxes as consumer group 'demo' (earliest: every retained row)")
+    for outbox in ("orders", "events"):
+        _run(
+            p,
+            conn,
+            f"SELECT mailbox.create_consumer_group('demo_{outbox}', '{outbox}', 'earliest')",
+        )
 
     columns = [
         "outbox_id",
@@ -194,28 +188,34 @@ def tour(p: Progress, conn: psycopg.Connection) -> None:
         "is_claim_check",
         "full_refresh",
     ]
+    claim = None
     for outbox in ("orders", "events"):
-        p.step(f"what arrived in mailbox.outbox_{outbox}")
+        p.step(f"what arrived in outbox {outbox!r}: poll, then acknowledge")
         rows = _run(
             p,
             conn,
-            f"SELECT {OUTBOX_COLUMNS} FROM mailbox.outbox_{outbox} ORDER BY created_at, outbox_id",
+            f"SELECT {POLL_COLUMNS} FROM mailbox.poll_outbox('demo_{outbox}', 'demo-1', 100)",
         )
         p.say(_table(rows, columns))
         for row in rows:
             p.say(f"payload of outbox_id {row['outbox_id']}: {_short(row['payload'], 150)}")
+            if row["is_claim_check"] and claim is None and outbox == "orders":
+                claim = row["outbox_id"]
+        if rows:
+            _run(
+                p,
+                conn,
+                "SELECT mailbox.commit_offset(%s, 'demo-1', %s)",
+                [f"demo_{outbox}", rows[-1]["outbox_id"]],
+            )
 
     p.step("read the claim-check row page by page (bounded memory, any size)")
-    claim = conn.execute(
-        "SELECT outbox_id FROM mailbox.outbox_orders WHERE is_claim_check"
-        " ORDER BY outbox_id LIMIT 1"
-    ).fetchone()
     if claim is None:
         raise DemoError("no claim-check row arrived: is the inline threshold above 20000?")
     query = "SELECT row_num, op, payload FROM mailbox.outbox_delta_rows('orders', %s, %s, %s)"
-    p.say(f"sql> {query}  -- outbox_id {claim[0]}, after row_num, page size {PAGE_SIZE}")
+    p.say(f"sql> {query}  -- outbox_id {claim}, after row_num, page size {PAGE_SIZE}")
     after, page_no = 0, 0
-    while page := conn.execute(query, [claim[0], after, PAGE_SIZE]).fetchall():
+    while page := conn.execute(query, [claim, after, PAGE_SIZE]).fetchall():
         page_no += 1
         ops = Counter(op for _, op, _ in page)
         p.say(
@@ -224,6 +224,8 @@ def tour(p: Progress, conn: psycopg.Connection) -> None:
             f"  first: {_short(page[0][2], 60)}"
         )
         after = page[-1][0]
+
+    _run(p, conn, "SELECT mailbox.outbox_rows_consumed('orders', %s, 'demo_orders')", [claim])
 
     p.step("outbox health")
     status = _run(p, conn, "SELECT mailbox.outbox_status('orders')")[0]["outbox_status"]
