@@ -1,5 +1,180 @@
-"""Inbox maintenance steps (SPEC §4): retention drains, DLQ and ordering-gap alerts."""
+"""Inbox maintenance steps (SPEC §4): retention drains, lease expiry, DLQ and gap alerts.
+
+Called by maintenance.run() under its advisory lock; returns counts keyed ``inbox_*``.
+Every drain is bounded: at most mailbox.inbox_drain_batch_size rows per inbox and kind per
+pass (the next pass continues), so one pass never holds locks on a huge delete.
+"""
+
+from . import alerts, inbox_catalog
+
+MAX_HOURS = 876000
+
+_EXPIRE_LEASES = """
+WITH gone AS (
+    DELETE FROM mailbox._inbox_lease AS l
+     WHERE (l.lease_until IS NULL OR l.lease_until < pg_catalog.clock_timestamp())
+       AND (l.next_attempt_at IS NULL OR l.next_attempt_at < pg_catalog.clock_timestamp())
+    RETURNING 1
+)
+SELECT pg_catalog.count(*) AS n FROM gone
+"""
+
+# Dead letters not yet announced, oldest first; all are consumed by one pass.
+_DLQ_EVENTS = """
+WITH gone AS (DELETE FROM mailbox._inbox_dlq_event RETURNING *)
+SELECT gone.event_no, i.inbox_name, gone.event_id, gone.error, gone.retry_count,
+       gone.dead_at::text AS dead_at
+  FROM gone JOIN mailbox._inbox AS i USING (inbox_key)
+ ORDER BY gone.event_no
+"""
+
+_GAP_ALERTED = """
+SELECT aggregate_id, expected_seq FROM mailbox._inbox_gap_alert WHERE inbox_key = $1
+"""
+_GAP_RECORD = """
+INSERT INTO mailbox._inbox_gap_alert (inbox_key, aggregate_id, expected_seq) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING
+"""
+_GAP_FORGET = """
+DELETE FROM mailbox._inbox_gap_alert
+ WHERE inbox_key = $1 AND aggregate_id = $2 AND expected_seq = $3
+"""
+
+
+def _setting(plpy, name, default, low=0, high=MAX_HOURS):
+    return inbox_catalog.setting_int(plpy, name, default, low, high)
+
+
+def _drain(plpy, inbox, predicate, params, types, batch):
+    """Delete up to ``batch`` rows of the inbox table matching ``predicate`` (SQL on t)."""
+    n = len(params) + 1
+    plan = plpy.prepare(
+        f"""
+        WITH doomed AS (
+            SELECT {inbox.col("event_id")} AS key FROM {inbox.table} AS t
+             WHERE {predicate} LIMIT ${n} FOR UPDATE OF t SKIP LOCKED
+        ), gone AS (
+            DELETE FROM {inbox.table} AS t USING doomed
+             WHERE {inbox.col("event_id")} = doomed.key RETURNING doomed.key::text AS id
+        ), leases AS (
+            DELETE FROM mailbox._inbox_lease AS l USING gone
+             WHERE l.inbox_key = ${n + 1} AND l.event_id = gone.id
+        )
+        SELECT pg_catalog.count(*) AS n FROM gone""",
+        [*types, "int", "int"],
+    )
+    return plpy.execute(plan, [*params, batch, inbox.key])[0]["n"]
+
+
+def drain(plpy, inbox, batch, dlq_hours):
+    proc, retry, recv = (
+        inbox.col("processed_at"),
+        inbox.col("retry_count"),
+        inbox.col("received_at"),
+    )
+    hours = inbox_catalog.retention_hours(plpy, inbox)
+    processed = _drain(
+        plpy,
+        inbox,
+        f"{proc} IS NOT NULL AND {proc} < pg_catalog.now() - pg_catalog.make_interval(hours => $1)",
+        [hours],
+        ["int"],
+        batch,
+    )
+    dead = 0
+    if dlq_hours > 0:
+        dead = _drain(
+            plpy,
+            inbox,
+            f"{proc} IS NULL AND {retry} >= $1"
+            f" AND {recv} < pg_catalog.now() - pg_catalog.make_interval(hours => $2)",
+            [inbox.max_retries, dlq_hours],
+            ["int", "int"],
+            batch,
+        )
+    return processed, dead
+
+
+def dlq_alerts(plpy, max_per_run):
+    """One inbox_dlq_message per new dead letter up to the cap, then one inbox_dlq_batch."""
+    sent, rest = 0, {}
+    for row in plpy.execute(_DLQ_EVENTS):
+        if sent < max_per_run:
+            alerts.emit(
+                plpy,
+                "inbox_dlq_message",
+                {
+                    "inbox": row["inbox_name"],
+                    "event_id": row["event_id"],
+                    "error": row["error"],
+                    "retry_count": row["retry_count"],
+                    "dead_at": row["dead_at"],
+                },
+            )
+            sent += 1
+        else:
+            rest[row["inbox_name"]] = rest.get(row["inbox_name"], 0) + 1
+    if rest:
+        alerts.emit(
+            plpy,
+            "inbox_dlq_batch",
+            {
+                "count": sum(rest.values()),
+                "inboxes": rest,
+                "detail": f"{sum(rest.values())} more dead letters beyond "
+                f"mailbox.inbox_dlq_alert_max_per_run ({max_per_run})",
+            },
+        )
+    return sent, 1 if rest else 0
+
+
+def gap_alerts(plpy, inbox, threshold):
+    """inbox_ordering_gap once per gap older than the threshold; forget gaps that closed."""
+    gaps = plpy.execute(f"SELECT * FROM {inbox.view('gaps_')} AS g")
+    current = {(g["aggregate_id"], g["expected_seq"]): g for g in gaps}
+    alerted = {
+        (r["aggregate_id"], r["expected_seq"])
+        for r in plpy.execute(plpy.prepare(_GAP_ALERTED, ["int"]), [inbox.key])
+    }
+    record = plpy.prepare(_GAP_RECORD, ["int", "text", "bigint"])
+    forget = plpy.prepare(_GAP_FORGET, ["int", "text", "bigint"])
+    sent = 0
+    for key in sorted(current.keys() - alerted):
+        gap = current[key]
+        if gap["gap_age_sec"] < threshold:
+            continue
+        alerts.emit(
+            plpy,
+            "inbox_ordering_gap",
+            {
+                "inbox": inbox.name,
+                "aggregate_id": gap["aggregate_id"],
+                "expected_seq": gap["expected_seq"],
+                "found_seq": gap["found_seq"],
+                "gap_age_sec": gap["gap_age_sec"],
+            },
+        )
+        plpy.execute(record, [inbox.key, *key])
+        sent += 1
+    for key in sorted(alerted - current.keys()):
+        plpy.execute(forget, [inbox.key, *key])
+    return sent
 
 
 def run(plpy):
-    return {}
+    batch = _setting(plpy, "inbox_drain_batch_size", 10000, 1, 1000000)
+    dlq_hours = _setting(plpy, "inbox_dlq_retention_hours", 0)
+    max_alerts = _setting(plpy, "inbox_dlq_alert_max_per_run", 10, 0, 10000)
+    gap_threshold = _setting(plpy, "inbox_gap_alert_seconds", 60, 0, 31536000)
+    result = {"inbox_processed_drained": 0, "inbox_dlq_drained": 0, "inbox_gap_alerts": 0}
+    for inbox in inbox_catalog.all_inboxes(plpy):
+        processed, dead = drain(plpy, inbox, batch, dlq_hours)
+        result["inbox_processed_drained"] += processed
+        result["inbox_dlq_drained"] += dead
+        if inbox.ordered:
+            result["inbox_gap_alerts"] += gap_alerts(plpy, inbox, gap_threshold)
+    result["inbox_leases_expired"] = plpy.execute(_EXPIRE_LEASES)[0]["n"]
+    sent, batches = dlq_alerts(plpy, max_alerts)
+    result["inbox_dlq_alerts"] = sent
+    result["inbox_dlq_batch_alerts"] = batches
+    return result

@@ -1,0 +1,232 @@
+-- Part 31: the views of an inbox, always built from its catalog row and column mapping.
+--
+-- pending_<i>, dlq_<i>, stats_<i>, next_<i> and gaps_<i> (ordering), pending_<i>_<tier>
+-- (priority) live in the inbox table's schema. Each reads max_retries (and the ordering
+-- settings) from mailbox._inbox, which (a) keeps them current without rebuilding and (b)
+-- makes them depend on the extension: DROP EXTENSION refuses while they exist and
+-- DROP EXTENSION ... CASCADE drops them, so no view outlives pg_mailbox (docs/inbox.md).
+-- inbox_key is an integer from the catalog, never caller text, so it is formatted with %s.
+
+CREATE FUNCTION mailbox._inbox_view_names(p_inbox mailbox._inbox)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT ARRAY(SELECT 'pending_' || p_inbox.inbox_name || '_' || (tier ->> 'name')
+                   FROM pg_catalog.jsonb_array_elements(coalesce(p_inbox.priority_tiers, '[]')) AS tier)
+           || ARRAY['next_' || p_inbox.inbox_name, 'gaps_' || p_inbox.inbox_name,
+                    'stats_' || p_inbox.inbox_name, 'dlq_' || p_inbox.inbox_name,
+                    'pending_' || p_inbox.inbox_name];
+$$;
+
+CREATE FUNCTION mailbox._inbox_drop_views(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_view text;
+BEGIN
+    FOREACH v_view IN ARRAY mailbox._inbox_view_names(p_inbox) LOOP
+        -- only views that read this inbox's catalog row are ours to drop
+        IF EXISTS (
+            SELECT 1 FROM pg_catalog.pg_class AS c
+              JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+             WHERE n.nspname = p_inbox.schema_name AND c.relname = v_view AND c.relkind = 'v'
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend AS d
+                             JOIN pg_catalog.pg_rewrite AS r ON r.oid = d.objid
+                            WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = c.oid
+                              AND d.refobjid = 'mailbox._inbox'::regclass)
+        ) THEN
+            EXECUTE pg_catalog.format('DROP VIEW %I.%I', p_inbox.schema_name, v_view);
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION mailbox._inbox_create_view(p_inbox mailbox._inbox, p_view text, p_query text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, p_view)) IS NOT NULL THEN
+        RAISE EXCEPTION 'relation already exists: %', pg_catalog.format('%I.%I', p_inbox.schema_name, p_view)
+            USING ERRCODE = '42710',
+                  DETAIL = pg_catalog.format('Inbox %s needs this name for one of its views.', p_inbox.inbox_name),
+                  HINT = 'Rename or drop that relation, or choose another inbox name.';
+    END IF;
+    EXECUTE pg_catalog.format('CREATE VIEW %I.%I AS %s', p_inbox.schema_name, p_view, p_query);
+    EXECUTE pg_catalog.format('COMMENT ON VIEW %I.%I IS %s', p_inbox.schema_name, p_view,
+                              pg_catalog.quote_literal('pg_mailbox view of inbox ' || p_inbox.inbox_name));
+    EXECUTE pg_catalog.format('GRANT SELECT ON %I.%I TO mailbox_admin', p_inbox.schema_name, p_view);
+    EXECUTE pg_catalog.format('GRANT SELECT ON %I.%I TO mailbox_consumer', p_inbox.schema_name, p_view);
+END
+$$;
+
+-- The SQL of next_<i> (ordering on): per aggregate with unprocessed messages, its lowest
+-- unprocessed sequence, found by a skip scan over (aggregate, sequence) of unprocessed rows;
+-- that message is the head when it is pending (not a dead letter) and its sequence is at most
+-- last processed + 1. A hole or a dead-lettered predecessor therefore blocks the aggregate.
+CREATE FUNCTION mailbox._inbox_next_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_agg text := pg_catalog.quote_ident(c ->> 'aggregate_id');
+    v_seq text := pg_catalog.quote_ident(c ->> 'sequence_num');
+    v_proc text := pg_catalog.quote_ident(c ->> 'processed_at');
+    v_retry text := pg_catalog.quote_ident(c ->> 'retry_count');
+    v_id text := pg_catalog.quote_ident(c ->> 'event_id');
+BEGIN
+    RETURN pg_catalog.format($q$
+WITH RECURSIVE heads AS (
+    (SELECT t.%1$s AS agg, t.%2$s AS seq FROM %3$s AS t
+      WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL
+      ORDER BY t.%1$s, t.%2$s LIMIT 1)
+    UNION ALL
+    SELECT n.agg, n.seq FROM heads AS h CROSS JOIN LATERAL (
+        SELECT t.%1$s AS agg, t.%2$s AS seq FROM %3$s AS t
+         WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL AND t.%1$s > h.agg
+         ORDER BY t.%1$s, t.%2$s LIMIT 1) AS n
+)
+SELECT m.* FROM heads AS h
+ CROSS JOIN (SELECT i.max_retries, i.ordering_first_sequence FROM mailbox._inbox AS i
+              WHERE i.inbox_key = %6$s) AS cfg
+  LEFT JOIN mailbox._inbox_aggregate AS s ON s.inbox_key = %6$s AND s.aggregate_id = h.agg::text
+ CROSS JOIN LATERAL (SELECT t.* FROM %3$s AS t
+                      WHERE t.%1$s = h.agg AND t.%2$s = h.seq AND t.%4$s IS NULL
+                      ORDER BY t.%7$s LIMIT 1) AS m
+ WHERE h.seq <= coalesce(s.last_seq, cfg.ordering_first_sequence - 1) + 1
+   AND m.%5$s < cfg.max_retries$q$,
+        v_agg, v_seq, v_table, v_proc, v_retry, p_inbox.inbox_key, v_id);
+END
+$$;
+
+-- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
+-- processed sequence, among its unprocessed messages (dead letters are not holes).
+CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+BEGIN
+    RETURN pg_catalog.format($q$
+WITH RECURSIVE aggs AS (
+    (SELECT t.%1$s AS agg FROM %3$s AS t
+      WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL
+      ORDER BY t.%1$s LIMIT 1)
+    UNION ALL
+    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
+        SELECT t.%1$s AS agg FROM %3$s AS t
+         WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL AND t.%1$s > a.agg
+         ORDER BY t.%1$s LIMIT 1) AS n
+)
+SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
+       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
+  FROM aggs AS a
+ CROSS JOIN (SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = %6$s) AS cfg
+  LEFT JOIN mailbox._inbox_aggregate AS s ON s.inbox_key = %6$s AND s.aggregate_id = a.agg::text
+ CROSS JOIN LATERAL (
+        SELECT t.%2$s::bigint AS seq, t.%5$s::timestamptz AS recv,
+               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s),
+                        coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS prev
+          FROM %3$s AS t
+         WHERE t.%1$s = a.agg AND t.%4$s IS NULL
+           AND t.%2$s > coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS x
+ WHERE x.seq > x.prev + 1$q$,
+        pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
+        pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name),
+        pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
+        p_inbox.inbox_key);
+END
+$$;
+
+-- (Re)creates every view the catalog row calls for. Callers drop the old ones first.
+CREATE FUNCTION mailbox._inbox_create_views(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_proc text := mailbox._inbox_col(c, 'processed_at');
+    v_retry text := mailbox._inbox_col(c, 'retry_count');
+    v_max text := pg_catalog.format('(SELECT i.max_retries FROM mailbox._inbox AS i WHERE i.inbox_key = %s)',
+                                    p_inbox.inbox_key);
+    v_tier jsonb;
+BEGIN
+    PERFORM mailbox._inbox_create_view(p_inbox, 'pending_' || p_inbox.inbox_name,
+        pg_catalog.format('SELECT t.* FROM %s AS t WHERE %s IS NULL AND %s < %s', v_table, v_proc, v_retry, v_max));
+    IF p_inbox.with_dead_letter THEN
+        PERFORM mailbox._inbox_create_view(p_inbox, 'dlq_' || p_inbox.inbox_name,
+            pg_catalog.format('SELECT t.* FROM %s AS t WHERE %s IS NULL AND %s >= %s', v_table, v_proc, v_retry, v_max));
+    END IF;
+    IF p_inbox.with_stats THEN
+        PERFORM mailbox._inbox_create_view(p_inbox, 'stats_' || p_inbox.inbox_name, pg_catalog.format(
+            'SELECT %1$s AS event_type,'
+            ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < cfg.max_retries) AS pending_count,'
+            ' pg_catalog.count(*) FILTER (WHERE %2$s IS NOT NULL) AS processed_count,'
+            ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s >= cfg.max_retries) AS dead_letter_count,'
+            ' pg_catalog.avg(pg_catalog.date_part(''epoch'', %2$s::timestamptz - %4$s::timestamptz))'
+            '   FILTER (WHERE %2$s IS NOT NULL) AS avg_processing_seconds'
+            ' FROM %5$s AS t CROSS JOIN (SELECT i.max_retries FROM mailbox._inbox AS i WHERE i.inbox_key = %6$s) AS cfg'
+            ' GROUP BY 1',
+            mailbox._inbox_item(c, 'event_type', 'text'), v_proc, v_retry, mailbox._inbox_col(c, 'received_at'),
+            v_table, p_inbox.inbox_key));
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        PERFORM mailbox._inbox_create_view(p_inbox, 'next_' || p_inbox.inbox_name, mailbox._inbox_next_sql(p_inbox));
+        PERFORM mailbox._inbox_create_view(p_inbox, 'gaps_' || p_inbox.inbox_name, mailbox._inbox_gaps_sql(p_inbox));
+    END IF;
+    IF p_inbox.priority_tiers IS NOT NULL THEN
+        FOR v_tier IN SELECT tier FROM pg_catalog.jsonb_array_elements(p_inbox.priority_tiers) AS tier LOOP
+            -- tier bounds are validated integers; the tier name a validated identifier
+            PERFORM mailbox._inbox_create_view(p_inbox, 'pending_' || p_inbox.inbox_name || '_' || (v_tier ->> 'name'),
+                pg_catalog.format('SELECT t.* FROM %s AS t WHERE %s IS NULL AND %s < %s AND %s BETWEEN %s AND %s',
+                                  v_table, v_proc, v_retry, v_max, mailbox._inbox_col(c, 'priority'),
+                                  (v_tier ->> 'min')::bigint, (v_tier ->> 'max')::bigint));
+        END LOOP;
+    END IF;
+END
+$$;
+
+-- The indexes a managed inbox table gets for its current settings (adopted tables are left
+-- alone: indexing them is their owner's call, see docs/inbox.md).
+CREATE FUNCTION mailbox._inbox_sync_indexes(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_ordering text := p_inbox.table_name || '_ordering_idx';
+    v_priority text := p_inbox.table_name || '_priority_idx';
+BEGIN
+    IF NOT p_inbox.is_managed THEN
+        RETURN;
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) INCLUDE (%I) WHERE %I IS NULL',
+            v_ordering, p_inbox.schema_name, p_inbox.table_name, c ->> 'aggregate_id', c ->> 'sequence_num',
+            c ->> 'received_at', c ->> 'processed_at');
+    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_ordering)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_ordering);
+    END IF;
+    IF p_inbox.priority_tiers IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) WHERE %I IS NULL',
+            v_priority, p_inbox.schema_name, p_inbox.table_name, c ->> 'priority', c ->> 'received_at',
+            c ->> 'processed_at');
+    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_priority)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_priority);
+    END IF;
+END
+$$;

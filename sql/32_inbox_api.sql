@@ -1,0 +1,262 @@
+-- Part 32: creating, adopting and dropping inboxes (SPEC §3.1, control plane).
+
+-- Registers an inbox whose table exists (made by create_inbox or checked by
+-- enable_inbox_tracking) and creates its views.
+CREATE FUNCTION mailbox._inbox_register(
+    p_name text, p_rel oid, p_is_managed boolean, p_columns jsonb, p_casts jsonb,
+    p_max_retries int, p_retention_hours int, p_schedule text,
+    p_with_dead_letter boolean, p_with_stats boolean
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_inbox mailbox._inbox;
+BEGIN
+    INSERT INTO mailbox._inbox (inbox_name, table_rel, schema_name, table_name, is_managed, columns, casts,
+                                max_retries, retention_hours, schedule, with_dead_letter, with_stats)
+    SELECT p_name, p_rel, n.nspname, c.relname, p_is_managed, p_columns, p_casts,
+           p_max_retries, p_retention_hours, p_schedule, p_with_dead_letter, p_with_stats
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel
+    RETURNING * INTO v_inbox;
+    PERFORM mailbox._inbox_create_views(v_inbox);
+END
+$$;
+
+-- Shared argument checks of create_inbox and enable_inbox_tracking; 42710 for a taken name.
+CREATE FUNCTION mailbox._inbox_check_new(p_name text, p_max_retries int, p_retention_hours int)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._check_name('inbox', p_name);
+    PERFORM mailbox._require(p_max_retries, 'p_max_retries');
+    IF p_max_retries < 1 THEN
+        RAISE EXCEPTION 'invalid max_retries for inbox %: %', p_name, p_max_retries
+            USING ERRCODE = '22023',
+                  HINT = 'p_max_retries is 1 or more: the failure that reaches it moves the message to the DLQ.';
+    END IF;
+    IF p_retention_hours < 0 THEN
+        RAISE EXCEPTION 'invalid retention for inbox %: % hours', p_name, p_retention_hours
+            USING ERRCODE = '22023', HINT = 'p_retention_hours is 0 (drain as soon as possible) or more.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM mailbox._inbox WHERE inbox_name = p_name) THEN
+        RAISE EXCEPTION 'inbox already exists: %', p_name
+            USING ERRCODE = '42710', HINT = 'Choose another name, or drop it with mailbox.drop_inbox().';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION mailbox.create_inbox(
+    p_name text,
+    p_schema text DEFAULT 'mailbox',
+    p_max_retries int DEFAULT 3,
+    p_schedule text DEFAULT '1s',
+    with_dead_letter boolean DEFAULT TRUE,
+    with_stats boolean DEFAULT TRUE,
+    p_retention_hours int DEFAULT 72
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- creates the inbox table and views, and writes the catalog, for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_rel oid;
+    v_columns jsonb := '{}';
+    v_role text;
+BEGIN
+    PERFORM mailbox._require(p_schema, 'p_schema');
+    PERFORM mailbox._require(with_dead_letter, 'with_dead_letter');
+    PERFORM mailbox._require(with_stats, 'with_stats');
+    PERFORM mailbox._require(p_retention_hours, 'p_retention_hours');
+    PERFORM mailbox._ddl_lock();
+    PERFORM mailbox._inbox_check_new(p_name, p_max_retries, p_retention_hours);
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = p_schema) THEN
+        RAISE EXCEPTION 'schema not found: %', p_schema
+            USING ERRCODE = '3F000', HINT = 'Create the schema first, or pass an existing one.';
+    END IF;
+    IF p_schema LIKE 'pg\_%' OR p_schema = 'information_schema' THEN
+        RAISE EXCEPTION 'cannot create an inbox in system schema: %', p_schema
+            USING ERRCODE = '22023', HINT = 'Pass your own schema, or omit p_schema for mailbox.';
+    END IF;
+    IF p_schema <> 'mailbox' AND NOT pg_catalog.has_schema_privilege(mailbox._caller(), p_schema, 'CREATE') THEN
+        RAISE EXCEPTION 'permission denied for schema %', p_schema
+            USING ERRCODE = '42501',
+                  HINT = pg_catalog.format('Role %s needs CREATE on schema %s.', mailbox._caller(), p_schema);
+    END IF;
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_schema, p_name)) IS NOT NULL THEN
+        RAISE EXCEPTION 'relation already exists: %', pg_catalog.format('%I.%I', p_schema, p_name)
+            USING ERRCODE = '42710',
+                  HINT = 'Adopt it with mailbox.enable_inbox_tracking(), or choose another inbox name.';
+    END IF;
+
+    -- the managed table's own definition (SPEC §3.1); every other function goes through the
+    -- column mapping built below
+    EXECUTE pg_catalog.format($ddl$
+        CREATE TABLE %1$I.%2$I (
+            event_id text PRIMARY KEY,
+            event_type text,
+            source text,
+            aggregate_id text,
+            sequence_num bigint,
+            priority smallint,
+            payload jsonb,
+            headers jsonb,
+            trace_id text,
+            received_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+            processed_at timestamptz,
+            error text,
+            retry_count int NOT NULL DEFAULT 0
+        )$ddl$, p_schema, p_name);
+    v_rel := pg_catalog.format('%I.%I', p_schema, p_name)::regclass;
+    FOR v_role IN
+        SELECT a.attname FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = v_rel AND a.attnum > 0
+    LOOP
+        v_columns := v_columns || pg_catalog.jsonb_build_object(v_role, v_role);
+    END LOOP;
+    -- pending (claim order), dead letters and processed rows (retention, throughput)
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL',
+                              p_name || '_pending_idx', p_schema, p_name);
+    EXECUTE pg_catalog.format(
+        'CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL AND retry_count >= %s',
+        p_name || '_dlq_idx', p_schema, p_name, p_max_retries);
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (processed_at) WHERE processed_at IS NOT NULL',
+                              p_name || '_processed_idx', p_schema, p_name);
+    EXECUTE pg_catalog.format('COMMENT ON TABLE %I.%I IS %s', p_schema, p_name,
+                              pg_catalog.quote_literal('pg_mailbox inbox ' || p_name));
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO mailbox_admin', p_schema, p_name);
+    EXECUTE pg_catalog.format('GRANT INSERT ON %I.%I TO mailbox_producer', p_schema, p_name);
+    EXECUTE pg_catalog.format('GRANT SELECT, UPDATE ON %I.%I TO mailbox_consumer', p_schema, p_name);
+    PERFORM mailbox._inbox_register(p_name, v_rel, TRUE, v_columns, '{}', p_max_retries, p_retention_hours,
+                                    p_schedule, with_dead_letter, with_stats);
+END
+$$;
+COMMENT ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) IS
+'create an inbox table with its pending, dead-letter and stats views';
+GRANT EXECUTE ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) TO mailbox_admin;
+
+CREATE FUNCTION mailbox._inbox_tracking_py(p_rel oid, p_requested jsonb, p_defaults jsonb)
+RETURNS jsonb
+LANGUAGE plpython3u STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+if GD.get("mailbox.version") != "@EXTVERSION@":
+    plpy.execute("SELECT mailbox._python_load()")
+from mailbox_server import errors, inbox_tracking
+return errors.envelope(plpy, inbox_tracking.validate_sql, p_rel, p_requested, p_defaults)
+$$;
+
+-- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
+-- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
+CREATE FUNCTION mailbox.enable_inbox_tracking(
+    p_name text,
+    p_table_ref text,
+    p_id_column text DEFAULT 'event_id',
+    p_processed_at_column text DEFAULT 'processed_at',
+    p_retry_count_column text DEFAULT 'retry_count',
+    p_error_column text DEFAULT 'error',
+    p_received_at_column text DEFAULT 'received_at',
+    p_event_type_column text DEFAULT 'event_type',
+    p_max_retries int DEFAULT 3,
+    p_schedule text DEFAULT '1s',
+    p_payload_column text DEFAULT 'payload'
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- creates views beside the caller's table and writes the catalog
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_rel oid;
+    v_checked jsonb;
+BEGIN
+    PERFORM mailbox._require(p_table_ref, 'p_table_ref');
+    PERFORM mailbox._ddl_lock();
+    PERFORM mailbox._inbox_check_new(p_name, p_max_retries, NULL);
+    BEGIN
+        v_rel := pg_catalog.to_regclass(p_table_ref);
+    EXCEPTION WHEN invalid_name OR syntax_error OR invalid_parameter_value THEN
+        RAISE EXCEPTION 'invalid table name: %', pg_catalog.quote_literal(p_table_ref)
+            USING ERRCODE = '22023', HINT = 'Pass schema.table, quoting identifiers as in SQL.';
+    END;
+    IF v_rel IS NULL THEN
+        RAISE EXCEPTION 'table not found: %', p_table_ref
+            USING ERRCODE = '42704', HINT = 'Pass the table as schema.table (e.g. public.my_inbox).';
+    END IF;
+    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, INSERT, UPDATE', 'track');
+    IF EXISTS (SELECT 1 FROM mailbox._inbox WHERE table_rel = v_rel) THEN
+        RAISE EXCEPTION 'inbox already enabled for table: %', v_rel::regclass
+            USING ERRCODE = '42710',
+                  HINT = 'mailbox.inbox_status() shows its inbox; drop it first to adopt the table again.';
+    END IF;
+    v_checked := mailbox._unwrap(mailbox._inbox_tracking_py(v_rel,
+        pg_catalog.jsonb_build_object(
+            'event_id', p_id_column, 'processed_at', p_processed_at_column, 'retry_count', p_retry_count_column,
+            'received_at', p_received_at_column, 'error', p_error_column, 'event_type', p_event_type_column,
+            'payload', p_payload_column, 'source', 'source', 'aggregate_id', 'aggregate_id',
+            'sequence_num', 'sequence_num', 'priority', 'priority', 'headers', 'headers', 'trace_id', 'trace_id'),
+        '{"event_id": "event_id", "processed_at": "processed_at", "retry_count": "retry_count",
+          "received_at": "received_at", "error": "error", "event_type": "event_type", "payload": "payload",
+          "source": "source", "aggregate_id": "aggregate_id", "sequence_num": "sequence_num",
+          "priority": "priority", "headers": "headers", "trace_id": "trace_id"}'));
+    IF NOT pg_catalog.has_schema_privilege(mailbox._caller(), v_checked ->> 'schema', 'CREATE') THEN
+        RAISE EXCEPTION 'permission denied for schema %', v_checked ->> 'schema'
+            USING ERRCODE = '42501',
+                  HINT = pg_catalog.format('The inbox views are created beside the table; role %s needs CREATE there.',
+                                           mailbox._caller());
+    END IF;
+    PERFORM mailbox._inbox_register(p_name, v_rel, FALSE, v_checked -> 'columns', v_checked -> 'casts',
+                                    p_max_retries, NULL, p_schedule, TRUE, TRUE);
+END
+$$;
+COMMENT ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, text, text, text, text, int, text, text) IS
+'adopt an existing table (any name, mapped columns) as an inbox without altering it';
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, text, text, text, text, int, text, text)
+TO mailbox_admin;
+
+CREATE FUNCTION mailbox.drop_inbox(p_name text, p_if_exists boolean DEFAULT FALSE, p_cascade boolean DEFAULT FALSE)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- drops the inbox views (and a managed table) and catalog rows for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_inbox mailbox._inbox;
+BEGIN
+    PERFORM mailbox._require(p_name, 'p_name');
+    PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    PERFORM mailbox._require(p_cascade, 'p_cascade');
+    PERFORM mailbox._ddl_lock();
+    SELECT * INTO v_inbox FROM mailbox._inbox WHERE inbox_name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        IF p_if_exists THEN
+            RAISE NOTICE 'inbox not found, skipping: %', p_name;
+            RETURN;
+        END IF;
+        PERFORM mailbox._inbox_get(p_name); -- raises 42704 with its hint
+    END IF;
+    PERFORM mailbox._inbox_drop_views(v_inbox);
+    DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
+    DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
+    -- the table may have been dropped by hand already
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name)) IS NOT NULL THEN
+        IF v_inbox.is_managed AND p_cascade THEN
+            EXECUTE pg_catalog.format('DROP TABLE %I.%I', v_inbox.schema_name, v_inbox.table_name);
+        ELSE
+            RAISE NOTICE 'inbox table kept: %', pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name)
+                USING HINT = CASE WHEN v_inbox.is_managed THEN 'Pass p_cascade => true to drop it with the inbox.'
+                                  ELSE 'Adopted tables are never dropped by pg_mailbox.' END;
+        END IF;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
+'remove an inbox: views and catalog rows, and with p_cascade the table create_inbox made';
+GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_admin;

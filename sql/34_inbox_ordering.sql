@@ -1,0 +1,261 @@
+-- Part 34: ordering, priority and partitions (SPEC §3.2).
+
+-- Ordering and priority each decide which message a claim takes first; together they would
+-- contradict each other, so an inbox has at most one of them.
+CREATE FUNCTION mailbox._inbox_conflict(p_inbox text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'inbox ordering and priority conflict for inbox: %', p_inbox
+        USING ERRCODE = '55000',
+              DETAIL = 'Ordering claims messages in sequence per aggregate; priority claims the lowest priority value first.',
+              HINT = 'Use separate inboxes: an ordered one and a prioritised one, or disable the other feature first.';
+END
+$$;
+
+-- Rebuilds the views and indexes after a settings change (the catalog row is already updated).
+CREATE FUNCTION mailbox._inbox_reconfigure(p_old mailbox._inbox, p_new mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._inbox_drop_views(p_old);
+    PERFORM mailbox._inbox_create_views(p_new);
+    PERFORM mailbox._inbox_sync_indexes(p_new);
+END
+$$;
+
+-- Checks that a mapped column exists with an accepted type (the same rules as adoption).
+CREATE FUNCTION mailbox._inbox_map_column(p_inbox mailbox._inbox, p_role text, p_column text, p_types text[])
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_type text;
+    v_full text;
+BEGIN
+    PERFORM mailbox._require(p_column, 'column for ' || p_role);
+    SELECT b.typname, pg_catalog.format_type(a.atttypid, a.atttypmod) INTO v_type, v_full
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column not found: %', p_column
+            USING ERRCODE = '42703',
+                  DETAIL = pg_catalog.format('Table %s has no column %s (mapped to %s).',
+                                             p_inbox.table_rel::regclass, p_column, p_role);
+    END IF;
+    IF v_type <> ALL (p_types) THEN
+        RAISE EXCEPTION 'column % has type %, which cannot hold %', p_column, v_full, p_role
+            USING ERRCODE = '42804',
+                  DETAIL = pg_catalog.format('%s accepts %s.', p_role, pg_catalog.array_to_string(p_types, ', '));
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.jsonb_each_text(p_inbox.columns) AS m
+                WHERE m.value = p_column AND m.key <> p_role) THEN
+        RAISE EXCEPTION 'column mapped to more than one role: %', p_column
+            USING ERRCODE = '22023', HINT = 'Each inbox role needs its own column.';
+    END IF;
+    RETURN pg_catalog.jsonb_build_object(p_role, p_column);
+END
+$$;
+
+CREATE FUNCTION mailbox.enable_inbox_ordering(
+    p_inbox text,
+    p_aggregate_id_col text DEFAULT 'aggregate_id',
+    p_sequence_num_col text DEFAULT 'sequence_num',
+    p_first_sequence bigint DEFAULT 1
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- rebuilds the inbox views and indexes for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_old mailbox._inbox;
+    v_new mailbox._inbox;
+BEGIN
+    PERFORM mailbox._require(p_first_sequence, 'p_first_sequence');
+    PERFORM mailbox._ddl_lock();
+    v_old := mailbox._inbox_get(p_inbox);
+    IF v_old.priority_tiers IS NOT NULL THEN
+        PERFORM mailbox._inbox_conflict(p_inbox);
+    END IF;
+    v_new := v_old;
+    v_new.columns := v_old.columns
+        || mailbox._inbox_map_column(v_old, 'aggregate_id', p_aggregate_id_col,
+                                     ARRAY['text', 'varchar', 'uuid', 'int4', 'int8'])
+        || mailbox._inbox_map_column(v_old, 'sequence_num', p_sequence_num_col, ARRAY['int2', 'int4', 'int8']);
+    IF v_new.columns ->> 'aggregate_id' = p_sequence_num_col THEN
+        RAISE EXCEPTION 'column mapped to more than one role: %', p_sequence_num_col
+            USING ERRCODE = '22023', HINT = 'Aggregate id and sequence number need their own columns.';
+    END IF;
+    v_new.ordering_first_sequence := p_first_sequence;
+    UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
+     WHERE inbox_key = v_old.inbox_key;
+    PERFORM mailbox._inbox_reconfigure(v_old, v_new);
+END
+$$;
+COMMENT ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) IS
+'process messages in sequence per aggregate: views next_<inbox> and gaps_<inbox>, ordered claims';
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) TO mailbox_admin;
+
+CREATE FUNCTION mailbox.disable_inbox_ordering(p_inbox text, p_if_exists boolean DEFAULT FALSE)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- rebuilds the inbox views and indexes for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_old mailbox._inbox;
+    v_new mailbox._inbox;
+BEGIN
+    PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    PERFORM mailbox._ddl_lock();
+    v_old := mailbox._inbox_get(p_inbox);
+    IF v_old.ordering_first_sequence IS NULL THEN
+        IF p_if_exists THEN
+            RAISE NOTICE 'inbox ordering not enabled, skipping: %', p_inbox;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
+            USING ERRCODE = '55000', HINT = 'Pass p_if_exists => true to ignore this.';
+    END IF;
+    v_new := v_old;
+    v_new.ordering_first_sequence := NULL;
+    UPDATE mailbox._inbox SET ordering_first_sequence = NULL WHERE inbox_key = v_old.inbox_key;
+    -- the state would be stale if ordering came back later
+    DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_old.inbox_key;
+    DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_old.inbox_key;
+    PERFORM mailbox._inbox_reconfigure(v_old, v_new);
+END
+$$;
+COMMENT ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) IS
+'stop ordering an inbox: drops next_<inbox>, gaps_<inbox> and the per-aggregate state';
+GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) TO mailbox_admin;
+
+CREATE FUNCTION mailbox.inbox_ordering_gaps(p_inbox text)
+RETURNS TABLE (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER -- reads any inbox table and the ordering state for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
+BEGIN
+    IF v_inbox.ordering_first_sequence IS NULL THEN
+        RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
+            USING ERRCODE = '55000', HINT = 'Enable it with mailbox.enable_inbox_ordering().';
+    END IF;
+    RETURN QUERY EXECUTE pg_catalog.format(
+        'SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec FROM %I.%I AS g'
+        ' ORDER BY g.aggregate_id, g.expected_seq',
+        v_inbox.schema_name, 'gaps_' || v_inbox.inbox_name);
+END
+$$;
+COMMENT ON FUNCTION mailbox.inbox_ordering_gaps(text) IS
+'every hole in the sequences of an ordered inbox, including the one after the last processed message';
+GRANT EXECUTE ON FUNCTION mailbox.inbox_ordering_gaps(text) TO mailbox_admin;
+
+CREATE FUNCTION mailbox._inbox_tiers_py(p_tiers jsonb)
+RETURNS jsonb
+LANGUAGE plpython3u IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+if GD.get("mailbox.version") != "@EXTVERSION@":
+    plpy.execute("SELECT mailbox._python_load()")
+from mailbox_server import errors, inbox_tiers
+return errors.envelope(plpy, inbox_tiers.validate_sql, p_tiers)
+$$;
+
+CREATE FUNCTION mailbox.enable_inbox_priority(
+    p_inbox text, p_priority_col text DEFAULT 'priority', p_tiers jsonb DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- rebuilds the inbox views and indexes for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_old mailbox._inbox;
+    v_new mailbox._inbox;
+    v_tiers jsonb;
+BEGIN
+    PERFORM mailbox._ddl_lock();
+    v_old := mailbox._inbox_get(p_inbox);
+    IF v_old.ordering_first_sequence IS NOT NULL THEN
+        PERFORM mailbox._inbox_conflict(p_inbox);
+    END IF;
+    v_tiers := mailbox._unwrap(mailbox._inbox_tiers_py(p_tiers));
+    v_new := v_old;
+    v_new.columns := v_old.columns
+        || mailbox._inbox_map_column(v_old, 'priority', p_priority_col, ARRAY['int2', 'int4', 'int8']);
+    v_new.priority_tiers := v_tiers;
+    UPDATE mailbox._inbox SET columns = v_new.columns, priority_tiers = v_tiers WHERE inbox_key = v_old.inbox_key;
+    PERFORM mailbox._inbox_reconfigure(v_old, v_new);
+END
+$$;
+COMMENT ON FUNCTION mailbox.enable_inbox_priority(text, text, jsonb) IS
+'claim lower priority values first; one view pending_<inbox>_<tier> per tier';
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_priority(text, text, jsonb) TO mailbox_admin;
+
+CREATE FUNCTION mailbox.disable_inbox_priority(p_inbox text, p_if_exists boolean DEFAULT FALSE)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- rebuilds the inbox views and indexes for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_old mailbox._inbox;
+    v_new mailbox._inbox;
+BEGIN
+    PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    PERFORM mailbox._ddl_lock();
+    v_old := mailbox._inbox_get(p_inbox);
+    IF v_old.priority_tiers IS NULL THEN
+        IF p_if_exists THEN
+            RAISE NOTICE 'inbox priority not enabled, skipping: %', p_inbox;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'inbox priority not enabled: %', p_inbox
+            USING ERRCODE = '55000', HINT = 'Pass p_if_exists => true to ignore this.';
+    END IF;
+    v_new := v_old;
+    v_new.priority_tiers := NULL;
+    UPDATE mailbox._inbox SET priority_tiers = NULL WHERE inbox_key = v_old.inbox_key;
+    PERFORM mailbox._inbox_reconfigure(v_old, v_new);
+END
+$$;
+COMMENT ON FUNCTION mailbox.disable_inbox_priority(text, boolean) IS
+'stop prioritising an inbox: drops the tier views, claims go back to arrival order';
+GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_priority(text, boolean) TO mailbox_admin;
+
+CREATE FUNCTION mailbox.inbox_is_my_partition(p_aggregate_id text, p_worker_id int, p_total_workers int)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_worker_id IS NULL OR p_total_workers IS NULL THEN
+        RAISE EXCEPTION 'p_worker_id and p_total_workers must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass this worker''s number (0 to total - 1) and the number of workers.';
+    END IF;
+    IF p_total_workers <= 0 THEN
+        RAISE EXCEPTION 'invalid number of workers: %', p_total_workers
+            USING ERRCODE = '22023', HINT = 'p_total_workers is 1 or more.';
+    END IF;
+    IF p_worker_id < 0 OR p_worker_id >= p_total_workers THEN
+        RAISE EXCEPTION 'invalid worker id: % of % workers', p_worker_id, p_total_workers
+            USING ERRCODE = '22023', HINT = pg_catalog.format('p_worker_id is 0 to %s.', p_total_workers - 1);
+    END IF;
+    -- bigint before abs(): abs(-2147483648) does not fit in an int; NULL aggregates are nobody's
+    RETURN pg_catalog.abs(pg_catalog.hashtext(p_aggregate_id)::bigint) % p_total_workers = p_worker_id;
+END
+$$;
+COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
+'true when the aggregate belongs to this worker: abs(hashtext(id)) % total = worker';
+GRANT EXECUTE ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) TO mailbox_consumer;

@@ -1,0 +1,221 @@
+"""create_inbox / inbox_receive: deduplication, NOTIFY, argument errors (SPEC §3.1)."""
+
+import threading
+
+import pytest
+from mbx import raises, rows, scalar
+
+
+@pytest.fixture
+def orders(db):
+    db.execute("SELECT mailbox.create_inbox('orders')")
+    return db
+
+
+def test_create_inbox_makes_table_indexes_and_views(orders):
+    db = orders
+    cols = rows(
+        db,
+        """SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+            WHERE attrelid = 'mailbox.orders'::regclass AND attnum > 0 ORDER BY attnum""",
+    )
+    assert [c[0] for c in cols] == [
+        "event_id",
+        "event_type",
+        "source",
+        "aggregate_id",
+        "sequence_num",
+        "priority",
+        "payload",
+        "headers",
+        "trace_id",
+        "received_at",
+        "processed_at",
+        "error",
+        "retry_count",
+    ]
+    assert dict(cols)["priority"] == "smallint" and dict(cols)["sequence_num"] == "bigint"
+    indexes = {
+        r[0]: r[1]
+        for r in rows(
+            db,
+            """SELECT indexrelid::regclass::text, pg_get_expr(indpred, indrelid)
+                      FROM pg_index WHERE indrelid = 'mailbox.orders'::regclass""",
+        )
+    }
+    assert indexes["mailbox.orders_pkey"] is None
+    assert indexes["mailbox.orders_pending_idx"] == "(processed_at IS NULL)"
+    assert "retry_count >= 3" in indexes["mailbox.orders_dlq_idx"]
+    assert indexes["mailbox.orders_processed_idx"] == "(processed_at IS NOT NULL)"
+    views = [
+        r[0]
+        for r in rows(
+            db,
+            "SELECT viewname FROM pg_views WHERE schemaname = 'mailbox'"
+            " AND viewname LIKE '%orders' ORDER BY 1",
+        )
+    ]
+    assert views == ["dlq_orders", "pending_orders", "stats_orders"]
+
+
+def test_create_inbox_in_a_user_schema_without_optional_views(db):
+    db.execute("CREATE SCHEMA app")
+    db.execute("SELECT mailbox.create_inbox('payments', 'app', 5, '1s', false, false, 24)")
+    assert scalar(db, "SELECT to_regclass('app.payments') IS NOT NULL")
+    assert scalar(db, "SELECT to_regclass('app.pending_payments') IS NOT NULL")
+    assert scalar(db, "SELECT to_regclass('app.dlq_payments') IS NULL")
+    assert scalar(db, "SELECT to_regclass('app.stats_payments') IS NULL")
+    (status,) = rows(
+        db,
+        "SELECT inbox_schema, table_name, max_retries, is_managed"
+        " FROM mailbox.inbox_status('payments')",
+    )
+    assert tuple(status) == ("app", "payments", 5, True)
+
+
+def test_create_inbox_errors(orders):
+    db = orders
+    with raises("42710") as info:
+        db.execute("SELECT mailbox.create_inbox('orders')")
+    assert "inbox already exists: orders" in str(info.value)
+    with raises("22023"):
+        db.execute("SELECT mailbox.create_inbox('Bad-Name')")
+    with raises("22023"):
+        db.execute("SELECT mailbox.create_inbox(%s)", ["x" * 41])
+    with raises("22004"):
+        db.execute("SELECT mailbox.create_inbox(NULL)")
+    with raises("22023"):
+        db.execute("SELECT mailbox.create_inbox('zero', p_max_retries => 0)")
+    with raises("22023"):
+        db.execute("SELECT mailbox.create_inbox('neg', p_retention_hours => -1)")
+    with raises("3F000"):
+        db.execute("SELECT mailbox.create_inbox('nowhere', 'no_such_schema')")
+    db.execute("CREATE TABLE public.taken (id int)")
+    with raises("42710"):
+        db.execute("SELECT mailbox.create_inbox('taken', 'public')")
+    assert scalar(db, "SELECT count(*) FROM mailbox._inbox") == 1
+
+
+def test_receive_returns_true_once_and_stores_every_field(orders):
+    db = orders
+    args = ["e1", '{"n": 1}', "order.created", "shop", "order-7", 3, '{"h": 1}', "trace-1", 2]
+    sql = "SELECT mailbox.inbox_receive('orders', %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    assert scalar(db, sql, args) is True
+    assert scalar(db, sql, args) is False
+    (row,) = rows(
+        db,
+        "SELECT event_id, payload, event_type, source, aggregate_id, sequence_num,"
+        " headers, trace_id, priority, retry_count, processed_at FROM mailbox.orders",
+    )
+    assert tuple(row) == (
+        "e1",
+        {"n": 1},
+        "order.created",
+        "shop",
+        "order-7",
+        3,
+        {"h": 1},
+        "trace-1",
+        2,
+        0,
+        None,
+    )
+
+
+def test_receive_errors(orders):
+    db = orders
+    with raises("22004") as info:
+        db.execute("SELECT mailbox.inbox_receive('orders', NULL, '{}')")
+    assert info.value.diag.message_hint
+    with raises("42704") as info:
+        db.execute("SELECT mailbox.inbox_receive('nope', 'e1', '{}')")
+    assert "inbox not found: nope" in str(info.value)
+    with raises("22004"):
+        db.execute("SELECT mailbox.inbox_receive(NULL, 'e1', '{}')")
+    assert scalar(db, "SELECT count(*) FROM mailbox.orders") == 0
+
+
+def test_plain_insert_on_conflict_is_a_valid_writer(orders):
+    db = orders
+    for _ in range(2):
+        db.execute(
+            "INSERT INTO mailbox.orders (event_id, payload) VALUES ('p1', '{}')"
+            " ON CONFLICT (event_id) DO NOTHING"
+        )
+    assert [r[0] for r in rows(db, "SELECT event_id FROM mailbox.pending_orders")] == ["p1"]
+
+
+def test_receive_notifies_new_messages_only(orders, connect):
+    listener = connect()
+    listener.execute("LISTEN mailbox_inbox_new")
+    db = orders
+    db.execute("SELECT mailbox.inbox_receive('orders', 'n1', '{}')")
+    db.execute("SELECT mailbox.inbox_receive('orders', 'n1', '{}')")
+    db.execute("SELECT mailbox.inbox_receive('orders', 'n2', '{}')")
+    got = [n.payload for n in listener.notifies(timeout=1.0, stop_after=3)]
+    assert got == ["orders", "orders"]
+
+
+def test_four_connections_receiving_the_same_ids_store_each_once(orders, connect):
+    ids = [f"dup-{i}" for i in range(300)]
+    conns = [connect() for _ in range(4)]
+    barrier = threading.Barrier(4)
+    results = [None] * 4
+    errors = []
+
+    def worker(n):
+        try:
+            barrier.wait(timeout=10)
+            # each connection walks the ids in a different order to maximise collisions
+            order = ids if n % 2 == 0 else list(reversed(ids))
+            results[n] = {
+                i: scalar(
+                    conns[n],
+                    "SELECT mailbox.inbox_receive('orders', %s, %s)",
+                    [i, f'{{"from": {n}}}'],
+                )
+                for i in order
+            }
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    for i in ids:
+        assert sum(r[i] for r in results) == 1, i
+    assert scalar(orders, "SELECT count(*) FROM mailbox.orders") == len(ids)
+
+
+@pytest.mark.parametrize("outcome, second_returns", [("commit", False), ("rollback", True)])
+def test_a_duplicate_waits_for_the_first_writers_transaction(
+    orders, connect, outcome, second_returns
+):
+    first, second = connect(autocommit=False), connect()
+    assert scalar(first, "SELECT mailbox.inbox_receive('orders', 'x1', '{}')") is True
+    pid = scalar(second, "SELECT pg_backend_pid()")
+    result = {}
+    t = threading.Thread(
+        target=lambda: result.setdefault(
+            "v", scalar(second, "SELECT mailbox.inbox_receive('orders', 'x1', '{}')")
+        )
+    )
+    t.start()
+    # the second receive must be waiting on the first transaction, not done
+    for _ in range(100):
+        if (
+            scalar(orders, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+            == "Lock"
+        ):
+            break
+        threading.Event().wait(0.05)
+    else:
+        pytest.fail("second receive never waited for the first transaction")
+    assert "v" not in result
+    getattr(first, outcome)()
+    t.join(timeout=10)
+    assert result["v"] is second_returns
+    assert scalar(orders, "SELECT count(*) FROM mailbox.orders") == 1

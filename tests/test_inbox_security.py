@@ -1,0 +1,105 @@
+"""Inbox privileges (SPEC §0) and what DROP EXTENSION does to inboxes (docs/inbox.md)."""
+
+import psycopg
+import pytest
+from mbx import drop_role, make_role, raises, rows, scalar
+
+
+@pytest.fixture
+def roles(db):
+    db.execute("SELECT mailbox.create_inbox('sec')")
+    made = {kind: make_role(db, f"mailbox_{kind}") for kind in ("producer", "consumer", "admin")}
+    made["nobody"] = make_role(db)
+    yield made
+    db.execute("RESET ROLE")
+    for name in made.values():
+        drop_role(db, name)
+
+
+def as_role(db, role, sql, params=None):
+    db.execute(f'SET ROLE "{role}"')
+    try:
+        return scalar(db, sql, params)
+    finally:
+        db.execute("RESET ROLE")
+
+
+RECEIVE = "SELECT mailbox.inbox_receive('sec', %s, '{}')"
+CLAIM = "SELECT count(*) FROM mailbox.inbox_claim('sec', 'w')"
+MARK = "SELECT mailbox.inbox_mark_processed('sec', 'p1')"
+PARTITION = "SELECT mailbox.inbox_is_my_partition('a', 0, 2)"
+HEALTH = "SELECT mailbox.inbox_health('sec')"
+
+
+def test_each_role_calls_only_its_own_functions(db, roles):
+    assert as_role(db, roles["producer"], RECEIVE, ["p1"]) is True
+    for sql in (CLAIM, MARK, PARTITION, HEALTH):
+        with raises("42501"):
+            as_role(db, roles["producer"], sql)
+    assert as_role(db, roles["consumer"], CLAIM) == 1
+    assert as_role(db, roles["consumer"], MARK) is True
+    assert as_role(db, roles["consumer"], PARTITION) in (True, False)
+    for sql in (RECEIVE, HEALTH):
+        with raises("42501"):
+            as_role(db, roles["consumer"], sql, ["p2"] if "%s" in sql else None)
+    assert as_role(db, roles["admin"], HEALTH)["processed_count"] == 1
+    assert as_role(db, roles["admin"], RECEIVE, ["p3"]) is True
+    as_role(db, roles["admin"], "SELECT mailbox.create_inbox('by_admin')")
+    assert as_role(db, roles["consumer"], "SELECT count(*) FROM mailbox.pending_sec") == 1
+    for sql in (RECEIVE, CLAIM, HEALTH, "SELECT mailbox.create_inbox('x')"):
+        with raises("42501"):
+            as_role(db, roles["nobody"], sql, ["p4"] if "%s" in sql else None)
+
+
+def test_create_inbox_in_a_schema_needs_create_there(db, roles):
+    db.execute("CREATE SCHEMA locked")
+    with raises("42501"):
+        as_role(db, roles["admin"], "SELECT mailbox.create_inbox('l', 'locked')")
+    db.execute(f'GRANT CREATE ON SCHEMA locked TO "{roles["admin"]}"')
+    as_role(db, roles["admin"], "SELECT mailbox.create_inbox('l', 'locked')")
+    db.execute("SELECT mailbox.drop_inbox('l', p_cascade => true)")
+    db.execute(f'REVOKE CREATE ON SCHEMA locked FROM "{roles["admin"]}"')
+
+
+def test_adopting_needs_rights_on_the_table(db, roles):
+    db.execute(
+        "CREATE TABLE public.theirs (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int, received_at timestamptz)"
+    )
+    with raises("42501"):
+        as_role(db, roles["admin"], "SELECT mailbox.enable_inbox_tracking('t', 'public.theirs')")
+
+
+def test_drop_extension_refuses_while_inboxes_exist_and_cascade_keeps_user_schema_tables(fresh_dsn):
+    with psycopg.connect(fresh_dsn, autocommit=True) as db:
+        db.execute("CREATE EXTENSION pg_mailbox CASCADE")
+        db.execute("CREATE SCHEMA app")
+        db.execute("SELECT mailbox.create_inbox('kept', 'app')")
+        db.execute("SELECT mailbox.create_inbox('inside')")  # in schema mailbox
+        db.execute(
+            "CREATE TABLE app.adopted (event_id text PRIMARY KEY, processed_at timestamptz,"
+            " retry_count int NOT NULL DEFAULT 0, received_at timestamptz)"
+        )
+        db.execute("SELECT mailbox.enable_inbox_tracking('adopted', 'app.adopted')")
+        db.execute("SELECT mailbox.enable_inbox_ordering('kept')")
+        db.execute("SELECT mailbox.inbox_receive('kept', 'k1', '{}', NULL, NULL, 'A', 1)")
+        db.execute("SELECT mailbox.inbox_receive('adopted', 'a1', NULL)")
+        with raises("2BP01"):
+            db.execute("DROP EXTENSION pg_mailbox")
+        db.execute("DROP EXTENSION pg_mailbox CASCADE")
+        # no view or function of pg_mailbox is left
+        assert (
+            rows(
+                db,
+                "SELECT schemaname, viewname FROM pg_views WHERE schemaname IN ('app', 'mailbox')",
+            )
+            == []
+        )
+        assert scalar(db, "SELECT count(*) FROM pg_proc WHERE proname LIKE '%inbox%'") == 0
+        assert scalar(db, "SELECT to_regclass('mailbox._inbox')") is None
+        # every inbox table keeps its data, also a managed one in schema mailbox (CREATE
+        # EXTENSION made that schema, but it is not a member, so it stays with what it holds)
+        assert scalar(db, "SELECT event_id FROM app.kept") == "k1"
+        assert scalar(db, "SELECT count(*) FROM mailbox.inside") == 0
+        assert scalar(db, "SELECT event_id FROM app.adopted") == "a1"
+        assert scalar(db, "SELECT count(*) FROM pg_indexes WHERE tablename = 'kept'") == 5
