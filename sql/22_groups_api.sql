@@ -56,10 +56,17 @@ BEGIN
     IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
         PERFORM mailbox._check_id('consumer id', p_consumer);
     END IF;
-    INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
-    VALUES (p_group, p_consumer)
-    ON CONFLICT (group_name, consumer_id)
-    DO UPDATE SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL;
+    -- the poll is a heartbeat; a consumer polling many times a second rewrites its row at
+    -- most every 100 ms (unhealthy or reaped consumers are always older than that)
+    UPDATE mailbox._consumer AS c
+       SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
+     WHERE c.group_name = p_group AND c.consumer_id = p_consumer
+       AND c.last_heartbeat_at < pg_catalog.now() - interval '100 milliseconds';
+    IF NOT FOUND THEN
+        INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
+        VALUES (p_group, p_consumer)
+        ON CONFLICT (group_name, consumer_id) DO NOTHING;
+    END IF;
     v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_visibility_seconds);
 
     -- An expired lease comes first: its rows are delivered again (at-least-once).

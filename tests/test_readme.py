@@ -36,3 +36,8 @@ def test_readme_quickstart_runs_verbatim(fresh_dsn, tmp_path):
         ).fetchone()
         assert lag == (1, 1)
         assert conn.execute("SELECT count(*) FROM mailbox.outbox_events").fetchone()[0] == 1
+        processed = conn.execute(
+            "SELECT processed_count, pending_count FROM mailbox.inbox_status('payments')"
+        ).fetchone()
+        assert processed == (1, 0)
+        assert conn.execute("SELECT count(*) FROM mailbox.payments").fetchone()[0] == 1
