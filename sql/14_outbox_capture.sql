@@ -35,6 +35,7 @@ DECLARE
     v_inserted jsonb := '[]';
     v_deleted jsonb := '[]';
     v_row bigint;
+    v_notify text;
 BEGIN
     -- The capture hot path calls no helpers with SET clauses unless a setting is present:
     -- an unset GUC reads as NULL and means its default.
@@ -102,8 +103,9 @@ BEGIN
               FROM mailbox_new_rows AS r;
         END IF;
     END IF;
-    IF pg_catalog.current_setting('mailbox.outbox_notify', true) IS NULL
-       OR mailbox._setting_bool('outbox_notify', true) THEN
+    v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
+    IF v_notify IS NULL OR v_notify IN ('on', 'true')
+       OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', v_name);
     END IF;
     RETURN NULL;

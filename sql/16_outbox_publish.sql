@@ -33,6 +33,7 @@ AS $$
 DECLARE
     v_key int;
     v_event uuid;
+    v_notify text;
 BEGIN
     -- The producer's hot path: no nested helper calls (each one with its own SET clause costs
     -- more than the insert); the helpers run only to raise their errors.
@@ -50,9 +51,11 @@ BEGIN
     INSERT INTO mailbox._outbox_log (outbox_key, event_type, key, headers, payload)
     VALUES (v_key, p_event_type, p_key, p_headers, p_payload)
     RETURNING event_id INTO v_event;
-    -- an unset GUC is NULL here: notify; any other value goes through the strict parser
-    IF pg_catalog.current_setting('mailbox.outbox_notify', true) IS NULL
-       OR mailbox._setting_bool('outbox_notify', true) THEN
+    -- unset (NULL) means on; the common spellings are read here, anything else goes through
+    -- the strict parser, which raises for a bad value
+    v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
+    IF v_notify IS NULL OR v_notify IN ('on', 'true')
+       OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
     END IF;
     RETURN v_event;

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from mbx import raises
 
 
 @pytest.fixture
@@ -71,3 +72,15 @@ def test_notification_arrives_promptly(listener, connect):
     got = list(listener.notifies(timeout=5, stop_after=1))
     assert got and got[0].payload == "a"
     assert time.monotonic() - started < 5
+
+
+def test_a_bad_notify_setting_is_an_error_naming_it(listener, connect):
+    producer = connect()
+    producer.execute("SET mailbox.outbox_notify = 'maybe'")
+    for call in ("SELECT mailbox.outbox_publish('a', '{}')", "INSERT INTO t VALUES (1)"):
+        with raises("22023") as info:
+            producer.execute(call)
+        assert "mailbox.outbox_notify" in str(info.value)
+    producer.execute("SET mailbox.outbox_notify = 'OFF'")
+    producer.execute("SELECT mailbox.outbox_publish('a', '{}')")
+    assert drain(listener, 0.3) == []
