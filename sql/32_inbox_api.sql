@@ -1,7 +1,7 @@
 -- Part 32: creating, adopting and dropping inboxes (SPEC §3.1, control plane).
 
 -- Registers an inbox whose table exists (made by create_inbox or checked by
--- enable_inbox_tracking) and creates its views.
+-- enable_inbox_tracking) and creates its views and its generated functions (part 35).
 CREATE FUNCTION mailbox._inbox_register(
     p_name text, p_rel oid, p_is_managed boolean, p_columns jsonb, p_casts jsonb,
     p_max_retries int, p_retention_hours int, p_schedule text,
@@ -22,6 +22,7 @@ BEGIN
      WHERE c.oid = p_rel
     RETURNING * INTO v_inbox;
     PERFORM mailbox._inbox_create_views(v_inbox);
+    PERFORM mailbox._inbox_generate(v_inbox);
 END
 $$;
 
@@ -240,6 +241,7 @@ BEGIN
         PERFORM mailbox._inbox_get(p_name); -- raises 42704 with its hint
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
+    PERFORM mailbox._inbox_drop_functions(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;

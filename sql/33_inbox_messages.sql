@@ -1,6 +1,10 @@
 -- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark, replay.
 --
--- PL/pgSQL with dynamic SQL: the table and its columns come from the catalog mapping through
+-- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
+-- inbox's generated functions (part 35), whose static SQL has cached plans; the hot path
+-- inlines the catalog lookup and argument checks (each nested helper call with a SET clause
+-- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
+-- rare and stays dynamic: the table and its columns come from the catalog mapping through
 -- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
 -- live in mailbox._inbox_lease (see part 30 and docs/inbox.md for why a claim is safe):
 --   * a claim locks candidate rows FOR UPDATE SKIP LOCKED, then upserts their lease rows;
@@ -27,51 +31,24 @@ SECURITY DEFINER -- writes any inbox table for mailbox_producer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
-    -- the order of the USING list below: role i is bound as $i
-    v_roles text[] := ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num',
-                            'headers', 'trace_id', 'priority'];
-    v_given boolean[] := ARRAY[TRUE, p_payload IS NOT NULL, p_event_type IS NOT NULL, p_source IS NOT NULL,
-                               p_aggregate_id IS NOT NULL, p_sequence_num IS NOT NULL, p_headers IS NOT NULL,
-                               p_trace_id IS NOT NULL, p_priority IS NOT NULL];
-    v_cols text[] := ARRAY[]::text[];
-    v_vals text[] := ARRAY[]::text[];
-    v_count int;
+    v_inbox mailbox._inbox;
+    v_new boolean;
 BEGIN
+    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
     IF p_event_id IS NULL THEN
         RAISE EXCEPTION 'event id must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the message''s unique id (the broker''s message id, say).';
     END IF;
-    IF v_inbox.ordering_first_sequence IS NOT NULL AND (p_aggregate_id IS NULL OR p_sequence_num IS NULL) THEN
-        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', p_inbox
-            USING ERRCODE = '22004',
-                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
-    END IF;
-    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
-        IF v_inbox.columns ? v_roles[i] THEN
-            v_cols := v_cols || pg_catalog.quote_ident(v_inbox.columns ->> v_roles[i]);
-            v_vals := v_vals || mailbox._inbox_param(v_inbox, v_roles[i], i);
-        ELSIF v_given[i] THEN
-            RAISE EXCEPTION 'inbox % has no column for %', p_inbox, v_roles[i]
-                USING ERRCODE = '22023',
-                      HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
-        END IF;
-    END LOOP;
-    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
-    v_cols := v_cols || pg_catalog.quote_ident(v_inbox.columns ->> 'received_at')
-                     || pg_catalog.quote_ident(v_inbox.columns ->> 'retry_count');
-    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
-    EXECUTE pg_catalog.format('INSERT INTO %I.%I AS t (%s) VALUES (%s) ON CONFLICT (%I) DO NOTHING',
-                              v_inbox.schema_name, v_inbox.table_name,
-                              pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
-                              v_inbox.columns ->> 'event_id')
-        USING p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers,
+    -- the generated function checks ordering and unmapped roles, inserts and notifies
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
+                              '_inbox_' || v_inbox.inbox_key || '_receive')
+        INTO v_new
+        USING v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers,
               p_trace_id, p_priority;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', p_inbox);
-    END IF;
-    RETURN v_count > 0;
+    RETURN v_new;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
@@ -98,18 +75,22 @@ SECURITY DEFINER -- leases messages of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
-    c jsonb := v_inbox.columns;
-    v_now timestamptz := pg_catalog.clock_timestamp();
-    v_filter text := '';
-    v_heads text[];
-    v_order text;
-    v_rows mailbox._inbox_message[];
-    v_until timestamptz := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
+    v_inbox mailbox._inbox;
+    v_now timestamptz;
 BEGIN
-    PERFORM mailbox._check_id('worker', p_worker);
-    PERFORM mailbox._require(p_batch_size, 'p_batch_size');
-    PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
+    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
+        PERFORM mailbox._check_id('worker', p_worker);
+    END IF;
+    IF p_batch_size IS NULL THEN
+        PERFORM mailbox._require(p_batch_size, 'p_batch_size');
+    END IF;
+    IF p_visibility_seconds IS NULL THEN
+        PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
+    END IF;
     IF p_batch_size < 1 OR p_batch_size > 10000 THEN
         RAISE EXCEPTION 'invalid batch size: %', p_batch_size
             USING ERRCODE = '22023', HINT = 'p_batch_size is 1 to 10000.';
@@ -118,74 +99,10 @@ BEGIN
         RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
             USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
     END IF;
-    IF v_inbox.ordering_first_sequence IS NOT NULL THEN
-        -- only the head of each aggregate (next_<i>), oldest first; one in flight per
-        -- aggregate, since a leased head is skipped and its successor is not a head yet.
-        -- Heads are collected first so the claim below is a plain primary-key lookup.
-        EXECUTE pg_catalog.format(
-            'SELECT coalesce(pg_catalog.array_agg(h.id), ARRAY[]::text[]) FROM ('
-            ' SELECT n.%1$I::text AS id FROM %2$I.%3$I AS n'
-            '  WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l'
-            '                     WHERE l.inbox_key = $1 AND l.event_id = n.%1$I::text'
-            '                       AND (l.lease_until > $2 OR l.next_attempt_at > $2))'
-            '  ORDER BY n.%4$I LIMIT $3) AS h',
-            c ->> 'event_id', v_inbox.schema_name, 'next_' || v_inbox.inbox_name, c ->> 'received_at')
-            INTO v_heads
-            USING v_inbox.inbox_key, v_now, p_batch_size * 4 + 16;
-        v_filter := pg_catalog.format(' AND t.%I = ANY (%s)', c ->> 'event_id',
-                                      mailbox._inbox_param(v_inbox, 'event_id', 5, TRUE));
-    END IF;
-    IF v_inbox.priority_tiers IS NOT NULL THEN
-        v_order := pg_catalog.format('%s, %s', mailbox._inbox_col(c, 'priority'), mailbox._inbox_col(c, 'received_at'));
-    ELSE
-        v_order := mailbox._inbox_col(c, 'received_at');
-    END IF;
-    -- 1. candidates, locked: dynamic, since the table and columns come from the mapping
-    EXECUTE pg_catalog.format($q$
-SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num, c.priority,
-                                 c.payload, c.headers, c.trace_id, c.retry_count, c.received_at
-                             )::mailbox._inbox_message ORDER BY c.n) FROM (
-    SELECT t.%1$I::text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
-           %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
-           %10$s AS retry_count, %11$s AS received_at,
-           pg_catalog.row_number() OVER (ORDER BY %17$s) AS n
-      FROM (SELECT t.* FROM %12$I.%13$I AS t
-             WHERE t.%14$I IS NULL AND t.%15$I < $1%16$s
-               AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
-                                WHERE l.inbox_key = $2 AND l.event_id = t.%1$I::text
-                                  AND (l.lease_until > $3 OR l.next_attempt_at > $3))
-             ORDER BY %17$s
-             LIMIT $4
-               FOR UPDATE OF t SKIP LOCKED) AS t
-) AS c$q$,
-        c ->> 'event_id', mailbox._inbox_item(c, 'event_type', 'text'), mailbox._inbox_item(c, 'source', 'text'),
-        mailbox._inbox_item(c, 'aggregate_id', 'text'), mailbox._inbox_item(c, 'sequence_num', 'bigint'),
-        mailbox._inbox_item(c, 'priority', 'int'), mailbox._inbox_item(c, 'payload', 'jsonb'),
-        mailbox._inbox_item(c, 'headers', 'jsonb'), mailbox._inbox_item(c, 'trace_id', 'text'),
-        mailbox._inbox_item(c, 'retry_count', 'int'), mailbox._inbox_item(c, 'received_at', 'timestamptz'),
-        v_inbox.schema_name, v_inbox.table_name, c ->> 'processed_at', c ->> 'retry_count', v_filter,
-        v_order)
-        INTO v_rows
-        USING v_inbox.max_retries, v_inbox.inbox_key, v_now, p_batch_size, v_heads;
-    IF v_rows IS NULL THEN
-        RETURN;
-    END IF;
-    -- 2. leases: static SQL (its plan is cached), the upsert decides who wins a message
-    RETURN QUERY
-    WITH won AS (
-        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
-        SELECT v_inbox.inbox_key, m.event_id, v_until, p_worker, NULL FROM pg_catalog.unnest(v_rows) AS m
-            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
-           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL
-         WHERE (x.lease_until IS NULL OR x.lease_until <= v_now)
-           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= v_now)
-        RETURNING x.event_id AS won_id, x.lease_until AS won_until
-    )
-    SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
-           m.headers, m.trace_id, m.retry_count, m.received_at, won.won_until
-      FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
-      JOIN won ON won.won_id = m.event_id
-     ORDER BY m.ordinality;
+    v_now := pg_catalog.clock_timestamp();
+    RETURN QUERY EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3, $4, $5)',
+                                           '_inbox_' || v_inbox.inbox_key || '_claim')
+        USING v_inbox, p_worker, p_batch_size, v_now, v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
@@ -199,33 +116,20 @@ SECURITY DEFINER -- updates any inbox table and its lease/ordering state for mai
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
-    c jsonb := v_inbox.columns;
-    v_id text;
-    v_aggregate text;
-    v_seq bigint;
+    v_inbox mailbox._inbox;
+    v_done boolean;
 BEGIN
-    PERFORM mailbox._require(p_event_id, 'p_event_id');
-    EXECUTE pg_catalog.format(
-        'UPDATE %I.%I AS t SET %I = pg_catalog.clock_timestamp() WHERE t.%I = %s AND t.%I IS NULL'
-        ' RETURNING t.%I::text, %s, %s',
-        v_inbox.schema_name, v_inbox.table_name, c ->> 'processed_at', c ->> 'event_id',
-        mailbox._inbox_param(v_inbox, 'event_id', 1), c ->> 'processed_at', c ->> 'event_id',
-        mailbox._inbox_item(c, 'aggregate_id', 'text'), mailbox._inbox_item(c, 'sequence_num', 'bigint'))
-        INTO v_id, v_aggregate, v_seq
-        USING p_event_id;
-    IF v_id IS NULL THEN
-        RETURN FALSE;
+    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
-    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
-        -- the highest processed sequence: a replayed older message does not move it back
-        INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (v_inbox.inbox_key, v_aggregate, v_seq, pg_catalog.clock_timestamp())
-            ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, excluded.last_seq), updated_at = excluded.updated_at;
+    IF p_event_id IS NULL THEN
+        PERFORM mailbox._require(p_event_id, 'p_event_id');
     END IF;
-    RETURN TRUE;
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed')
+        INTO v_done
+        USING v_inbox, p_event_id;
+    RETURN v_done;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
@@ -241,62 +145,33 @@ SECURITY DEFINER -- updates any inbox table and its lease state for mailbox_cons
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
-    c jsonb := v_inbox.columns;
-    v_delay int := coalesce(p_retry_after_seconds,
-                            mailbox._setting_int('inbox_retry_delay_seconds', 0, 0, 31536000));
-    v_set text := '';
-    v_id text;
-    v_retries int;
-    v_processed boolean;
+    v_inbox mailbox._inbox;
+    v_delay int := p_retry_after_seconds;
+    v_outcome text;
 BEGIN
-    PERFORM mailbox._require(p_event_id, 'p_event_id');
+    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    IF v_delay IS NULL THEN
+        -- unset means the default; anything else is parsed and checked by the helper
+        IF coalesce(pg_catalog.current_setting('mailbox.inbox_retry_delay_seconds', TRUE), '') = '' THEN
+            v_delay := 0;
+        ELSE
+            v_delay := mailbox._setting_int('inbox_retry_delay_seconds', 0, 0, 31536000);
+        END IF;
+    END IF;
+    IF p_event_id IS NULL THEN
+        PERFORM mailbox._require(p_event_id, 'p_event_id');
+    END IF;
     IF v_delay < 0 THEN
         RAISE EXCEPTION 'invalid retry delay: % seconds', v_delay
             USING ERRCODE = '22023', HINT = 'p_retry_after_seconds is NULL (mailbox.inbox_retry_delay_seconds) or 0 or more.';
     END IF;
-    IF c ? 'error' THEN
-        v_set := pg_catalog.format(', %I = $2', c ->> 'error');
-    END IF;
-    EXECUTE pg_catalog.format(
-        'UPDATE %1$I.%2$I AS t SET %3$I = t.%3$I + 1%4$s WHERE t.%5$I = %6$s AND t.%7$I IS NULL AND t.%3$I < $3'
-        ' RETURNING t.%5$I::text, t.%3$I',
-        v_inbox.schema_name, v_inbox.table_name, c ->> 'retry_count', v_set, c ->> 'event_id',
-        mailbox._inbox_param(v_inbox, 'event_id', 1), c ->> 'processed_at')
-        INTO v_id, v_retries
-        USING p_event_id, p_error, v_inbox.max_retries;
-    IF v_id IS NULL THEN
-        EXECUTE pg_catalog.format('SELECT t.%I IS NOT NULL FROM %I.%I AS t WHERE t.%I = %s',
-                                  c ->> 'processed_at', v_inbox.schema_name, v_inbox.table_name,
-                                  c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 1))
-            INTO v_processed
-            USING p_event_id;
-        IF v_processed IS NULL THEN
-            RAISE EXCEPTION 'inbox message not found: %', p_event_id
-                USING ERRCODE = '42704', DETAIL = pg_catalog.format('Inbox %s has no message with this id.', p_inbox);
-        ELSIF v_processed THEN
-            RAISE EXCEPTION 'inbox message already processed: %', p_event_id
-                USING ERRCODE = '55000',
-                      HINT = 'Replay it with mailbox.replay_inbox_messages() to process it again.';
-        END IF;
-        RETURN 'dead_letter'; -- already in the DLQ: nothing changes
-    END IF;
-    IF v_retries >= v_inbox.max_retries THEN
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
-        INSERT INTO mailbox._inbox_dlq_event (inbox_key, event_id, error, retry_count)
-        VALUES (v_inbox.inbox_key, v_id, p_error, v_retries);
-        RETURN 'dead_letter';
-    END IF;
-    IF v_delay > 0 THEN
-        INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
-        VALUES (v_inbox.inbox_key, v_id, NULL, NULL,
-                pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v_delay))
-            ON CONFLICT (inbox_key, event_id) DO UPDATE
-           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at;
-    ELSE
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
-    END IF;
-    RETURN 'retry';
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_failed')
+        INTO v_outcome
+        USING v_inbox, p_event_id, p_error, v_delay;
+    RETURN v_outcome;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS

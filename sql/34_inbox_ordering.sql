@@ -15,7 +15,8 @@ BEGIN
 END
 $$;
 
--- Rebuilds the views and indexes after a settings change (the catalog row is already updated).
+-- Rebuilds the views, indexes and generated functions after a settings change (the catalog
+-- row is already updated).
 CREATE FUNCTION mailbox._inbox_reconfigure(p_old mailbox._inbox, p_new mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -25,6 +26,7 @@ BEGIN
     PERFORM mailbox._inbox_drop_views(p_old);
     PERFORM mailbox._inbox_create_views(p_new);
     PERFORM mailbox._inbox_sync_indexes(p_new);
+    PERFORM mailbox._inbox_generate(p_new);
 END
 $$;
 
