@@ -27,8 +27,6 @@ CREATE TABLE mailbox._consumer (
     registered_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     last_heartbeat_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     last_commit_at timestamptz,
-    -- lowest offset of a lease taken from this consumer after it expired (fencing warning)
-    lost_from bigint,
     -- set when maintenance reported this consumer unhealthy, cleared by its next heartbeat
     unhealthy_since timestamptz,
     -- set when maintenance reaped it (silent past the dead threshold; leases released)
@@ -36,6 +34,19 @@ CREATE TABLE mailbox._consumer (
     PRIMARY KEY (group_name, consumer_id)
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE mailbox._consumer IS 'pg_mailbox: consumers of each group, registered by their first poll';
+
+-- Leases taken from a consumer after they expired: its next commit covering them warns
+-- 'lease lost'. A table of its own, so a takeover never locks the old holder's consumer row
+-- (which that consumer's own poll may hold while it waits for the group: a deadlock).
+CREATE TABLE mailbox._lost_lease (
+    group_name text NOT NULL,
+    consumer_id text NOT NULL,
+    first_offset bigint NOT NULL,
+    PRIMARY KEY (group_name, consumer_id, first_offset),
+    FOREIGN KEY (group_name, consumer_id)
+        REFERENCES mailbox._consumer (group_name, consumer_id) ON DELETE CASCADE
+);
+COMMENT ON TABLE mailbox._lost_lease IS 'pg_mailbox: leases taken over from a consumer, for its lease-lost warning';
 
 CREATE TABLE mailbox._lease (
     group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,

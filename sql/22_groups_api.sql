@@ -44,25 +44,38 @@ DECLARE
     v_held_until timestamptz;
     v_head bigint;
     v_from_chunk bigint;
+    v_beat timestamptz;
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
     -- The hot path inlines what helpers do elsewhere (PL/pgSQL caches these plans); the
     -- helpers run only to raise the right error.
-    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
     IF NOT FOUND THEN
-        v_group := mailbox._lock_group(p_group);
+        PERFORM mailbox._lock_group(p_group); -- raises 22004, 22023 or 42704
     END IF;
     IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
         PERFORM mailbox._check_id('consumer id', p_consumer);
     END IF;
-    -- the poll is a heartbeat; a consumer polling many times a second rewrites its row at
-    -- most every 100 ms (unhealthy or reaped consumers are always older than that)
-    UPDATE mailbox._consumer AS c
-       SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
-     WHERE c.group_name = p_group AND c.consumer_id = p_consumer
-       AND c.last_heartbeat_at < pg_catalog.now() - interval '100 milliseconds';
+    -- The poll is a heartbeat: a known consumer's row is refreshed here, before the group
+    -- lock, at most every 100 ms (unhealthy or reaped consumers are always older than that).
+    -- Lock order is own consumer row, then group row, everywhere.
+    SELECT c.last_heartbeat_at INTO v_beat FROM mailbox._consumer AS c
+     WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
+    IF FOUND AND v_beat < pg_catalog.now() - interval '100 milliseconds' THEN
+        UPDATE mailbox._consumer AS c
+           SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
+         WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
+    END IF;
+    -- Everything above runs in parallel across consumers; from here to the caller's commit,
+    -- the consumers of this group take turns.
+    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
     IF NOT FOUND THEN
+        v_group := mailbox._lock_group(p_group);
+    END IF;
+    IF v_beat IS NULL THEN
+        -- a new consumer registers under the group lock: its foreign key takes a share lock on
+        -- the group row, which taken before the lock would deadlock with another newcomer
         INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
         VALUES (p_group, p_consumer)
         ON CONFLICT (group_name, consumer_id) DO NOTHING;
@@ -87,10 +100,13 @@ BEGIN
            SET last_offset = v_last, consumer_id = p_consumer, lease_until = v_until
          WHERE group_name = p_group AND first_offset = v_first;
         IF v_holder <> p_consumer THEN
-            -- fencing: the old holder's late commit must not acknowledge these rows
-            UPDATE mailbox._consumer
-               SET lost_from = least(coalesce(lost_from, v_first), v_first)
-             WHERE group_name = p_group AND consumer_id = v_holder;
+            -- fencing: the lease now names the new holder, so the old holder's late commit
+            -- cannot acknowledge these rows; this row makes that commit warn
+            INSERT INTO mailbox._lost_lease (group_name, consumer_id, first_offset)
+            SELECT p_group, v_holder, v_first
+             WHERE EXISTS (SELECT 1 FROM mailbox._consumer AS c
+                            WHERE c.group_name = p_group AND c.consumer_id = v_holder)
+            ON CONFLICT DO NOTHING;
         END IF;
     ELSE
         v_first := v_group.delivered_offset + 1;
@@ -155,16 +171,15 @@ DECLARE
     v_full bigint;
     v_partial bigint;
 BEGIN
-    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM mailbox._lock_group(p_group); -- raises the right error
-    END IF;
+    -- lock order as in poll_outbox: own consumer row, then the group row
     SELECT * INTO v_consumer FROM mailbox._consumer AS c
      WHERE c.group_name = p_group AND c.consumer_id = p_consumer
-       FOR UPDATE;
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
+        PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
+    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < v_consumer.committed_offset THEN
         PERFORM mailbox._touch_consumer(p_group, p_consumer);
@@ -173,9 +188,11 @@ BEGIN
             USING HINT = 'Nothing was acknowledged; offsets only move forward (use mailbox.seek_offset() to move back).';
         RETURN 0;
     END IF;
-    IF v_consumer.lost_from IS NOT NULL AND v_consumer.lost_from <= p_last_offset THEN
-        RAISE WARNING 'lease lost: consumer % of group % no longer holds offsets from %',
-            p_consumer, p_group, v_consumer.lost_from
+    DELETE FROM mailbox._lost_lease AS x
+     WHERE x.group_name = p_group AND x.consumer_id = p_consumer AND x.first_offset <= p_last_offset;
+    IF FOUND THEN
+        RAISE WARNING 'lease lost: consumer % of group % no longer holds some offsets up to %',
+            p_consumer, p_group, p_last_offset
             USING DETAIL = 'Its lease expired and the rows were delivered to another consumer.',
                   HINT = 'Extend leases with mailbox.extend_lease() while a batch takes longer than its visibility timeout.';
     END IF;
@@ -204,8 +221,7 @@ BEGIN
      WHERE g.group_name = p_group;
     UPDATE mailbox._consumer
        SET committed_offset = p_last_offset, last_commit_at = pg_catalog.now(),
-           last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL,
-           lost_from = CASE WHEN lost_from <= p_last_offset THEN NULL ELSE lost_from END
+           last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
      WHERE group_name = p_group AND consumer_id = p_consumer;
     RETURN v_full + v_partial;
 END
@@ -269,7 +285,8 @@ BEGIN
     END IF;
     DELETE FROM mailbox._lease WHERE group_name = p_group;
     UPDATE mailbox._consumer_group SET group_offset = v_new, delivered_offset = v_new WHERE group_name = p_group;
-    UPDATE mailbox._consumer SET committed_offset = v_new, lost_from = NULL WHERE group_name = p_group;
+    UPDATE mailbox._consumer SET committed_offset = v_new WHERE group_name = p_group;
+    DELETE FROM mailbox._lost_lease WHERE group_name = p_group;
     PERFORM mailbox._alert('consumer_seeked', pg_catalog.jsonb_build_object(
         'group', p_group, 'consumer', p_consumer, 'from_offset', v_group.group_offset, 'to_offset', v_new));
 END

@@ -133,3 +133,20 @@ def test_seek_registers_an_unknown_consumer(group):
         scalar(group, "SELECT count(*) FROM mailbox.consumer_status WHERE consumer_id = 'newbie'")
         == 1
     )
+
+
+def test_takeover_does_not_wait_for_the_old_holders_open_transaction(group, connect):
+    """The old holder may be inside a transaction that holds its consumer row (a poll or a
+    heartbeat); taking over its expired lease must not wait for it (nor deadlock with it)."""
+    a, b = connect(autocommit=False), connect()
+    poll(a, "g", "a", batch=4, visibility=1)
+    a.commit()
+    time.sleep(1.2)
+    a.execute("SELECT mailbox.consumer_heartbeat('g', 'a')")  # holds a's row, stays open
+    b.execute("SET lock_timeout = '2s'")
+    assert [r[0] for r in poll(b, "g", "b", batch=4)] == [1, 2, 3, 4]
+    a.commit()
+    notices = Notices(a)
+    assert commit(a, "g", "a", 4) == 0
+    a.commit()
+    assert any(w.startswith("lease lost") for w in notices.warnings())
