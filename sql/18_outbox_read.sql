@@ -16,6 +16,24 @@
 -- returns 0 at once and reads what the other one numbered. Only READ COMMITTED callers
 -- sequence: the statement snapshot must be newer than S_cur (a REPEATABLE READ snapshot could
 -- be older and miss rows of the window for good), so other levels just return 0.
+-- A snapshot that also counts p_xid as in progress. pg_current_snapshot() leaves the calling
+-- transaction out of xip: once a later transaction has completed, the caller's own running xid
+-- is below xmax and so looks visible. A window taken by a transaction that writes outbox rows
+-- (publish, then poll, then publish again) must count it as running, or its rows written after
+-- the window would fall below the next one and never get an offset.
+CREATE FUNCTION mailbox._snapshot_with(p_snapshot pg_snapshot, p_xid xid8)
+RETURNS pg_snapshot
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%s:%s:%s',
+               least(pg_catalog.pg_snapshot_xmin(p_snapshot), p_xid),
+               pg_catalog.pg_snapshot_xmax(p_snapshot),
+               (SELECT pg_catalog.string_agg(x::text, ',' ORDER BY x)
+                  FROM (SELECT pg_catalog.pg_snapshot_xip(p_snapshot) AS x UNION SELECT p_xid) AS u)
+           )::pg_catalog.pg_snapshot;
+$$;
+
 CREATE FUNCTION mailbox._sequence_outbox(p_key int, p_limit int DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -28,6 +46,7 @@ DECLARE
     v_xid xid8;
     v_id bigint;
     v_fresh boolean;
+    v_me xid8;
     v_seq_xmax xid8;
     v_win_xmax xid8;
     v_xip xid8[];
@@ -53,6 +72,10 @@ BEGIN
         v_fresh := v_win IS NULL;
         IF v_fresh THEN
             v_win := pg_catalog.pg_current_snapshot();
+            v_me := pg_catalog.pg_current_xact_id_if_assigned();
+            IF v_me IS NOT NULL AND pg_catalog.pg_visible_in_snapshot(v_me, v_win) THEN
+                v_win := mailbox._snapshot_with(v_win, v_me);
+            END IF;
             v_xid := '0'::xid8;
             v_id := 0;
         END IF;

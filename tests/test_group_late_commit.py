@@ -99,3 +99,20 @@ def test_rolled_back_publishes_leave_no_gap_and_lag_counts_rows(group, connect):
         " FROM mailbox.consumer_lag('g')"
     ).fetchone()
     assert lag == (2, 2, 5, 3, 0)
+
+
+def test_a_poll_inside_a_writing_transaction_loses_none_of_its_later_rows(group, connect):
+    """pg_current_snapshot() shows the caller's own running transaction as visible once a
+    later one has completed; the sequencer must still treat it as in progress, or the rows it
+    writes after its poll would fall below the next window and never be delivered."""
+    db = group
+    a, b = connect(autocommit=False), connect(autocommit=False)
+    a.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 1}')")  # a holds the older xid
+    b.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 0}')")
+    b.commit()  # a later transaction completes: xmax moves past a's xid
+    got = [p["n"] for _, p in poll(a, "g", "in_a", batch=100)]
+    a.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 2}')")
+    a.commit()
+    for _ in range(3):
+        got += [p["n"] for _, p in poll(db, "g", "c", batch=100)]
+    assert sorted(got) == [0, 1, 2]
