@@ -181,13 +181,6 @@ BEGIN
     END IF;
     PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
-    IF p_last_offset < v_consumer.committed_offset THEN
-        PERFORM mailbox._touch_consumer(p_group, p_consumer);
-        RAISE WARNING 'commit below committed offset: consumer % of group % is at %, got %',
-            p_consumer, p_group, v_consumer.committed_offset, p_last_offset
-            USING HINT = 'Nothing was acknowledged; offsets only move forward (use mailbox.seek_offset() to move back).';
-        RETURN 0;
-    END IF;
     DELETE FROM mailbox._lost_lease AS x
      WHERE x.group_name = p_group AND x.consumer_id = p_consumer AND x.first_offset <= p_last_offset;
     IF FOUND THEN
@@ -214,13 +207,22 @@ BEGIN
         RETURNING p_last_offset - cut.first_offset + 1 AS n
     )
     SELECT coalesce(pg_catalog.sum(n), 0) INTO v_partial FROM moved;
+    -- Below the committed offset with nothing held there: a regression, ignored. (Rows this
+    -- consumer holds below it -- redelivered to it after a takeover -- are acknowledged above.)
+    IF v_full + v_partial = 0 AND p_last_offset < v_consumer.committed_offset THEN
+        PERFORM mailbox._touch_consumer(p_group, p_consumer);
+        RAISE WARNING 'commit below committed offset: consumer % of group % is at %, got %',
+            p_consumer, p_group, v_consumer.committed_offset, p_last_offset
+            USING HINT = 'Nothing was acknowledged; offsets only move forward (use mailbox.seek_offset() to move back).';
+        RETURN 0;
+    END IF;
 
     UPDATE mailbox._consumer_group AS g
        SET group_offset = coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
                                      WHERE l.group_name = p_group), g.delivered_offset)
      WHERE g.group_name = p_group;
     UPDATE mailbox._consumer
-       SET committed_offset = p_last_offset, last_commit_at = pg_catalog.now(),
+       SET committed_offset = greatest(committed_offset, p_last_offset), last_commit_at = pg_catalog.now(),
            last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
      WHERE group_name = p_group AND consumer_id = p_consumer;
     RETURN v_full + v_partial;

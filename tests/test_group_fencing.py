@@ -150,3 +150,19 @@ def test_takeover_does_not_wait_for_the_old_holders_open_transaction(group, conn
     assert commit(a, "g", "a", 4) == 0
     a.commit()
     assert any(w.startswith("lease lost") for w in notices.warnings())
+
+
+def test_a_consumer_can_acknowledge_rows_redelivered_below_its_committed_offset(group, connect):
+    """Regression protection (commit below the committed offset is a no-op) must not stop a
+    consumer from acknowledging rows it holds now: after a takeover and a second expiry the
+    same rows can come back to it, and they would otherwise be redelivered forever."""
+    c, d = connect(), connect()
+    poll(c, "g", "c", batch=4, visibility=1)  # 1..4, short lease
+    poll(c, "g", "c", batch=4, visibility=60)  # 5..8
+    time.sleep(1.2)
+    assert [r[0] for r in poll(d, "g", "d", batch=4, visibility=1)] == [1, 2, 3, 4]
+    assert commit(c, "g", "c", 8) == 4  # 5..8; 1..4 belong to d now
+    time.sleep(1.2)  # d's lease expires too
+    assert [r[0] for r in poll(c, "g", "c", batch=4)] == [1, 2, 3, 4]
+    assert commit(c, "g", "c", 4) == 4
+    assert scalar(group, "SELECT group_offset FROM mailbox.consumer_group_lag") == 8
