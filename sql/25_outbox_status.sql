@@ -30,7 +30,8 @@ SELECT o.outbox_name,
        'mailbox.' || pg_catalog.quote_ident('outbox_' || o.outbox_name) AS outbox_table,
        o.source_rel IS NULL
            OR (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
-                WHERE t.tgrelid = o.source_rel AND t.tgfoid = 'mailbox._capture()'::pg_catalog.regprocedure) = 4
+                WHERE t.tgrelid = o.source_rel AND t.tgfoid = 'mailbox._capture()'::pg_catalog.regprocedure
+                  AND t.tgenabled <> 'D') = 4
            AS enabled,
        o.retention_hours,
        o.inline_threshold_rows,

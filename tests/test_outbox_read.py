@@ -247,3 +247,12 @@ def test_polls_read_dense_and_sparse_chunks_alike(db, connect):
         )
         expected = [(i, t) for i, t in enumerate(["early"] + ["late"] * 5 + ["new"] * 3, start=1)]
         assert got == expected[first : first + batch]
+
+
+def test_disabled_capture_triggers_show_as_not_enabled(db):
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("SELECT mailbox.enable_outbox('t')")
+    assert scalar(db, "SELECT enabled FROM mailbox.outboxes") is True
+    db.execute("ALTER TABLE t DISABLE TRIGGER mailbox_capture_insert")
+    assert scalar(db, "SELECT enabled FROM mailbox.outboxes") is False
+    assert scalar(db, "SELECT mailbox.outbox_status('t')")["enabled"] is False
