@@ -178,3 +178,14 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Serialises what moves a group's position backwards (seek_offset, create_consumer_group with
+-- 'earliest') with the retention drain of the same outbox, so a drain never deletes rows a
+-- group was just pointed back at. Taken per outbox; polls and commits never take it.
+CREATE FUNCTION mailbox._retention_lock(p_outbox_key int)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(7168633, p_outbox_key);
+$$;

@@ -257,6 +257,31 @@ $$;
 COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean) IS
 'capture every INSERT, UPDATE, DELETE and TRUNCATE of a table into an outbox; returns its name';
 
+-- Detaching an outbox's partitions needs ACCESS EXCLUSIVE on the shared parents. Waiting for it
+-- in the lock queue would block every producer of every outbox behind this request for as long
+-- as the oldest open producer transaction runs; instead, try without waiting, a few times over
+-- about two seconds, and fail with 55P03 if producers never pause.
+CREATE FUNCTION mailbox._lock_shared_log()
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    FOR v_try IN 1 .. 40 LOOP
+        BEGIN
+            LOCK TABLE mailbox._outbox_log, mailbox._outbox_delta_rows IN ACCESS EXCLUSIVE MODE NOWAIT;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_catalog.pg_sleep(0.05);
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'outbox log is busy: producers or consumers held it for two seconds'
+        USING ERRCODE = '55P03',
+              DETAIL = 'Dropping an outbox detaches its partitions from the log all outboxes share.',
+              HINT = 'Retry; it succeeds as soon as no transaction is writing to or reading from any outbox.';
+END
+$$;
+
 CREATE FUNCTION mailbox.disable_outbox(p_name text, p_if_exists boolean DEFAULT FALSE)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -289,6 +314,7 @@ BEGIN
     END LOOP;
 
     DELETE FROM mailbox._claim_check_consumed WHERE outbox_key = v_outbox.outbox_key;
+    PERFORM mailbox._lock_shared_log();
     EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', 'outbox_latest_' || p_name);
     -- detach before dropping: dropping a partition that foreign keys reference would need
     -- CASCADE, which would drop those constraints on the shared parents

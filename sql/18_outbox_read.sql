@@ -13,9 +13,10 @@
 -- Hence offsets follow visibility: a transaction that commits late simply lands in a later
 -- window, nothing is skipped, and offsets are gapless (head_offset - group_offset = lag).
 -- One sequencer per outbox runs at a time (the catalog row lock); a caller that finds it busy
--- returns 0 at once and reads what the other one numbered. Only READ COMMITTED callers
--- sequence: the statement snapshot must be newer than S_cur (a REPEATABLE READ snapshot could
--- be older and miss rows of the window for good), so other levels just return 0.
+-- returns 0 at once and reads what the other one numbered. pg_current_snapshot() is the active
+-- snapshot: in READ COMMITTED the window query's later snapshot sees all S_cur saw; in
+-- REPEATABLE READ it is the same snapshot, and a sequencer that committed since then makes the
+-- row lock below fail with 40001 instead of numbering from an older S_cur than S_prev.
 -- A snapshot that also counts p_xid as in progress. pg_current_snapshot() leaves the calling
 -- transaction out of xip: once a later transaction has completed, the caller's own running xid
 -- is below xmax and so looks visible. A window taken by a transaction that writes outbox rows
@@ -46,6 +47,7 @@ DECLARE
     v_xid xid8;
     v_id bigint;
     v_fresh boolean;
+    v_was_open pg_snapshot;
     v_me xid8;
     v_seq_xmax xid8;
     v_win_xmax xid8;
@@ -57,9 +59,6 @@ DECLARE
     v_n int;
     v_total bigint := 0;
 BEGIN
-    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN 0;
-    END IF;
     SELECT o.head_offset, o.seq_snapshot, o.win_snapshot, o.win_xid, o.win_id
       INTO v_head, v_seq, v_win, v_xid, v_id
       FROM mailbox._outbox AS o
@@ -68,6 +67,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
+    v_was_open := v_win;
     LOOP
         v_fresh := v_win IS NULL;
         IF v_fresh THEN
@@ -127,6 +127,9 @@ BEGIN
         END IF;
         EXIT WHEN v_total >= p_limit;
     END LOOP;
+    IF v_total = 0 AND v_win IS NULL AND v_was_open IS NULL THEN
+        RETURN 0; -- a fresh window found nothing new: no state to save
+    END IF;
     UPDATE mailbox._outbox
        SET head_offset = v_head, seq_snapshot = v_seq, win_snapshot = v_win,
            win_xid = CASE WHEN v_win IS NULL THEN NULL ELSE v_xid END,

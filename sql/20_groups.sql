@@ -178,6 +178,7 @@ BEGIN
     IF p_auto_offset_reset = 'latest' THEN
         v_start := mailbox._sequence_all(v_key);
     ELSE
+        PERFORM mailbox._retention_lock(v_key); -- a running drain finishes first
         v_start := (SELECT r.low_offset FROM mailbox._outbox_retention AS r WHERE r.outbox_key = v_key);
     END IF;
     INSERT INTO mailbox._consumer_group (group_name, outbox_key, auto_offset_reset, group_offset, delivered_offset)
@@ -196,6 +197,9 @@ AS $$
 BEGIN
     PERFORM mailbox._require(p_name, 'p_name');
     PERFORM mailbox._require(p_if_exists, 'p_if_exists');
+    -- lock order as in poll_outbox: consumer rows, then the group row (the cascade below
+    -- would take them the other way round)
+    PERFORM FROM mailbox._consumer AS c WHERE c.group_name = p_name ORDER BY c.consumer_id FOR UPDATE;
     DELETE FROM mailbox._claim_check_consumed WHERE group_name = p_name;
     DELETE FROM mailbox._consumer_group WHERE group_name = p_name;
     IF NOT FOUND THEN

@@ -73,13 +73,13 @@ BEGIN
     IF NOT FOUND THEN
         v_group := mailbox._lock_group(p_group);
     END IF;
-    IF v_beat IS NULL THEN
-        -- a new consumer registers under the group lock: its foreign key takes a share lock on
-        -- the group row, which taken before the lock would deadlock with another newcomer
-        INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
-        VALUES (p_group, p_consumer)
-        ON CONFLICT (group_name, consumer_id) DO NOTHING;
-    END IF;
+    -- A new consumer registers under the group lock: its foreign key takes a share lock on the
+    -- group row, which taken before the lock would deadlock with another newcomer. Always, not
+    -- only when unseen above: maintenance may have forgotten it meanwhile. (An existing row
+    -- costs one index probe and no write.)
+    INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
+    VALUES (p_group, p_consumer)
+    ON CONFLICT (group_name, consumer_id) DO NOTHING;
     v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_visibility_seconds);
 
     -- An expired lease comes first: its rows are delivered again (at-least-once).
@@ -267,11 +267,18 @@ SECURITY DEFINER -- moves a group's offsets in the extension catalog
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_group mailbox._consumer_group := mailbox._lock_group(p_group);
+    v_group mailbox._consumer_group;
     v_head bigint;
     v_low bigint;
     v_new bigint;
 BEGIN
+    PERFORM mailbox._check_id('consumer id', p_consumer);
+    -- the retention drain of this outbox must not run between the seek and its commit, and
+    -- locks go consumer rows first, then the group row, as everywhere
+    PERFORM mailbox._retention_lock(mailbox._group_outbox(p_group));
+    PERFORM FROM mailbox._consumer AS c WHERE c.group_name = p_group
+     ORDER BY c.consumer_id FOR NO KEY UPDATE;
+    v_group := mailbox._lock_group(p_group);
     PERFORM mailbox._register_consumer(p_group, p_consumer);
     IF p_new_offset < 0 THEN
         RAISE EXCEPTION 'invalid offset: %', p_new_offset

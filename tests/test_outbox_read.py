@@ -166,13 +166,29 @@ def test_unrelated_long_transaction_does_not_hold_back_numbering(db, connect):
     idle.rollback()
 
 
-def test_repeatable_read_caller_does_not_sequence(db, connect):
+def test_repeatable_read_caller_numbers_what_its_snapshot_sees(db, connect):
     db.execute("SELECT mailbox.create_outbox('e')")
-    db.execute("SELECT mailbox.outbox_publish('e', '{}')")
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 1}')")
     key = scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = 'e'")
     rr = connect(autocommit=False)
     rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    assert scalar(rr, "SELECT mailbox._sequence_outbox(%s)", [key]) == 0
+    rr.execute("SELECT 1")  # the transaction's snapshot is taken here
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 2}')")
+    assert scalar(rr, "SELECT mailbox._sequence_outbox(%s)", [key]) == 1  # only n = 1
+    rr.commit()
+    assert sequence(db, "e") == 1
+    assert sorted((r["outbox_id"], r["payload"]["n"]) for r in outbox_rows(db, "e")) == [
+        (1, 1),
+        (2, 2),
+    ]
+    # a sequencer that committed after a REPEATABLE READ snapshot: that caller must retry
+    rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    rr.execute("SELECT 1")
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 3}')")
+    assert sequence(db, "e") == 1
+    db.execute("SELECT mailbox.outbox_publish('e', '{\"n\": 4}')")
+    with raises("40001"):
+        rr.execute("SELECT mailbox._sequence_outbox(%s)", [key])
     rr.rollback()
     assert sequence(db, "e") == 1
 

@@ -112,9 +112,7 @@ def consumer_health(plpy):
 
 
 OUTBOXES_SQL = """
-SELECT o.outbox_key, o.outbox_name, o.retention_hours,
-       (SELECT pg_catalog.min(g.group_offset) FROM mailbox._consumer_group AS g
-         WHERE g.outbox_key = o.outbox_key) AS min_group_offset
+SELECT o.outbox_key, o.outbox_name, o.retention_hours
   FROM mailbox._outbox AS o ORDER BY o.outbox_key
 """
 
@@ -184,14 +182,25 @@ UPDATE mailbox._consumer_group AS g
 SEQUENCE_ALL_SQL = "SELECT mailbox._sequence_all($1) AS head"
 
 
+RETENTION_LOCK_SQL = "SELECT mailbox._retention_lock($1)"
+
+MIN_GROUP_OFFSET_SQL = """
+SELECT pg_catalog.min(g.group_offset) AS m FROM mailbox._consumer_group AS g WHERE g.outbox_key = $1
+"""
+
+
 def drain_outbox(plpy, outbox, force, budget):
     """Drain one outbox; returns (rows drained, rows still allowed in this run)."""
     key = outbox["outbox_key"]
-    if force or outbox["min_group_offset"] is None:
+    # Seeks and 'earliest' groups take this lock too: the offsets read after it hold until
+    # this pass commits, so no row a group was just pointed back at is drained.
+    plpy.execute(plpy.prepare(RETENTION_LOCK_SQL, ["int"]), [key])
+    min_offset = plpy.execute(plpy.prepare(MIN_GROUP_OFFSET_SQL, ["int"]), [key])[0]["m"]
+    if force or min_offset is None:
         # nobody else numbers an outbox without groups; forced retention ignores groups
         limit = plpy.execute(plpy.prepare(SEQUENCE_ALL_SQL, ["int"]), [key])[0]["head"]
     else:
-        limit = outbox["min_group_offset"]
+        limit = min_offset
     chunks = plpy.execute(plpy.prepare(CHUNKS_SQL, ["int", "bigint", "int"]), [key, limit, 1000])
     drain = plpy.prepare(DRAIN_CHUNK_SQL, ["int", "bigint", "int", "bool"])
     empty = plpy.prepare(CHUNK_EMPTY_SQL, ["int", "bigint"])
