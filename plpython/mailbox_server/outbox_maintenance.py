@@ -26,19 +26,29 @@ def setting_bool(plpy, name, default):
     return plpy.execute(plan, [name, default])[0]["v"]
 
 
+# Consumer rows are locked in (group, consumer) order, the order seek_offset and
+# drop_consumer_group use, so maintenance cannot deadlock with them.
 UNHEALTHY_SQL = """
 UPDATE mailbox._consumer AS c
    SET unhealthy_since = pg_catalog.now()
- WHERE c.unhealthy_since IS NULL AND c.reaped_at IS NULL
-   AND c.last_heartbeat_at <= pg_catalog.now() - pg_catalog.make_interval(secs => $1)
+  FROM (SELECT x.group_name, x.consumer_id FROM mailbox._consumer AS x
+         WHERE x.unhealthy_since IS NULL AND x.reaped_at IS NULL
+           AND x.last_heartbeat_at <= pg_catalog.now() - pg_catalog.make_interval(secs => $1)
+         ORDER BY x.group_name, x.consumer_id
+           FOR NO KEY UPDATE) AS t
+ WHERE c.group_name = t.group_name AND c.consumer_id = t.consumer_id
 RETURNING c.group_name, c.consumer_id, c.last_heartbeat_at::text AS last_heartbeat_at
 """
 
 REAP_SQL = """
 UPDATE mailbox._consumer AS c
    SET reaped_at = pg_catalog.now()
- WHERE c.reaped_at IS NULL
-   AND c.last_heartbeat_at <= pg_catalog.now() - pg_catalog.make_interval(hours => $1)
+  FROM (SELECT x.group_name, x.consumer_id FROM mailbox._consumer AS x
+         WHERE x.reaped_at IS NULL
+           AND x.last_heartbeat_at <= pg_catalog.now() - pg_catalog.make_interval(hours => $1)
+         ORDER BY x.group_name, x.consumer_id
+           FOR NO KEY UPDATE) AS t
+ WHERE c.group_name = t.group_name AND c.consumer_id = t.consumer_id
 RETURNING c.group_name, c.consumer_id, c.last_heartbeat_at::text AS last_heartbeat_at
 """
 
