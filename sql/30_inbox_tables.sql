@@ -43,12 +43,17 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_inbox_key_seq', '');
 
 -- A row exists while a message is leased (claimed) or waiting for its retry time. A message
 -- is claimable when it has no row, or its row's lease and retry time have both passed.
+-- leased_by_pid is the backend that claimed it: inbox_mark_failed has no worker argument
+-- (SPEC §3.1), so it tells the lease holder's own failure report (which ends the lease)
+-- from a late one of a worker whose lease expired (which must not end another worker's
+-- live lease; see docs/inbox.md).
 CREATE TABLE mailbox._inbox_lease (
     inbox_key int NOT NULL,
     event_id text NOT NULL,
     lease_until timestamptz,
     leased_by text,
     next_attempt_at timestamptz,
+    leased_by_pid int,
     PRIMARY KEY (inbox_key, event_id)
 ) WITH (fillfactor = 70);
 COMMENT ON TABLE mailbox._inbox_lease IS
@@ -115,6 +120,57 @@ BEGIN
                          'mailbox.inbox_status() lists them.';
     END IF;
     RETURN v_inbox;
+END
+$$;
+
+-- Raises 55000 for an inbox whose stored schema.table no longer names its table (table_rel):
+-- the table was renamed, moved to another schema, dropped, or another table took its name.
+-- The generated functions (part 35) address the table by that name for speed, so the
+-- per-message functions compare to_regclass(stored name) with table_rel on every call (one
+-- name lookup) and call this only on a mismatch; nothing is ever read from or written to a
+-- table that merely took the old name (docs/inbox.md, "Renaming an inbox table").
+CREATE FUNCTION mailbox._inbox_table_moved(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_now text;
+BEGIN
+    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_now
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_inbox.table_rel;
+    IF v_now IS NULL THEN
+        RAISE EXCEPTION 'inbox table of inbox % was dropped', p_inbox.inbox_name
+            USING ERRCODE = '55000',
+                  DETAIL = pg_catalog.format('The inbox was made for table %s, which no longer exists.',
+                                             pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox().';
+    END IF;
+    RAISE EXCEPTION 'inbox table of inbox % was renamed', p_inbox.inbox_name
+        USING ERRCODE = '55000',
+              DETAIL = pg_catalog.format('The inbox table %s is now %s; pg_mailbox never uses a table that '
+                                         'merely took the old name.',
+                                         pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now),
+              HINT = pg_catalog.format('Rename the table back to %s, or drop the inbox with mailbox.drop_inbox() '
+                                       '(without p_cascade the table is kept) and adopt %s with '
+                                       'mailbox.enable_inbox_tracking().',
+                                       pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now);
+END
+$$;
+
+-- The same check for the control plane: raises 55000 (above) unless the stored name still
+-- names the inbox's table.
+CREATE FUNCTION mailbox._inbox_check_table(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name))
+       IS DISTINCT FROM p_inbox.table_rel THEN
+        PERFORM mailbox._inbox_table_moved(p_inbox);
+    END IF;
 END
 $$;
 

@@ -227,6 +227,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
+    v_table text;
 BEGIN
     PERFORM mailbox._require(p_name, 'p_name');
     PERFORM mailbox._require(p_if_exists, 'p_if_exists');
@@ -247,12 +248,17 @@ BEGIN
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
-    -- the table may have been dropped by hand already
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name)) IS NOT NULL THEN
+    -- the inbox's table is table_rel, wherever it is now: after a rename another table may
+    -- carry the stored name, and that one is never ours to drop; the table may also have been
+    -- dropped by hand already
+    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = v_inbox.table_rel;
+    IF v_table IS NOT NULL THEN
         IF v_inbox.is_managed AND p_cascade THEN
-            EXECUTE pg_catalog.format('DROP TABLE %I.%I', v_inbox.schema_name, v_inbox.table_name);
+            EXECUTE pg_catalog.format('DROP TABLE %s', v_table);
         ELSE
-            RAISE NOTICE 'inbox table kept: %', pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name)
+            RAISE NOTICE 'inbox table kept: %', v_table
                 USING HINT = CASE WHEN v_inbox.is_managed THEN 'Pass p_cascade => true to drop it with the inbox.'
                                   ELSE 'Adopted tables are never dropped by pg_mailbox.' END;
         END IF;

@@ -6,7 +6,10 @@
 -- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
 -- rare and stays dynamic: the table and its columns come from the catalog mapping through
 -- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
--- live in mailbox._inbox_lease (see part 30 and docs/inbox.md for why a claim is safe):
+-- live in mailbox._inbox_lease (see part 30 and docs/inbox.md for why a claim is safe).
+-- Every function checks that the inbox's stored table name still names its table
+-- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
+-- took the old name; the hot path inlines that check (one name lookup):
 --   * a claim locks candidate rows FOR UPDATE SKIP LOCKED, then upserts their lease rows;
 --     the upsert only takes a row whose lease and retry time have passed, and ON CONFLICT
 --     always sees the latest committed lease, so two claimers never both win a message;
@@ -37,6 +40,11 @@ BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    -- the generated functions name the table: refuse if that name is no longer the inbox's
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+       IS DISTINCT FROM v_inbox.table_rel THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_event_id IS NULL THEN
         RAISE EXCEPTION 'event id must not be null'
@@ -82,6 +90,11 @@ BEGIN
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
+    -- the generated functions name the table: refuse if that name is no longer the inbox's
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+       IS DISTINCT FROM v_inbox.table_rel THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
+    END IF;
     IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
         PERFORM mailbox._check_id('worker', p_worker);
     END IF;
@@ -123,6 +136,11 @@ BEGIN
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
+    -- the generated functions name the table: refuse if that name is no longer the inbox's
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+       IS DISTINCT FROM v_inbox.table_rel THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
+    END IF;
     IF p_event_id IS NULL THEN
         PERFORM mailbox._require(p_event_id, 'p_event_id');
     END IF;
@@ -152,6 +170,11 @@ BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    -- the generated functions name the table: refuse if that name is no longer the inbox's
+    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+       IS DISTINCT FROM v_inbox.table_rel THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF v_delay IS NULL THEN
         -- unset means the default; anything else is parsed and checked by the helper
@@ -191,6 +214,7 @@ DECLARE
     v_ids text[];
 BEGIN
     PERFORM mailbox._require(p_event_ids, 'p_event_ids');
+    PERFORM mailbox._inbox_check_table(v_inbox);
     IF c ? 'error' THEN
         v_set := pg_catalog.format(', %I = NULL', c ->> 'error');
     END IF;

@@ -66,6 +66,40 @@ BEGIN
 END
 $$;
 
+-- The per-aggregate state when ordering is enabled (SPEC §3.2: the head is last processed + 1,
+-- p_first_sequence only for a new aggregate). An aggregate's position is the highest
+-- sequence among its processed rows, merged with the state kept from an earlier ordered
+-- period (disable keeps it: retention may have deleted the processed rows since). The
+-- highest, not the end of the contiguous run: that is what inbox_mark_processed records
+-- while ordering is on (a message processed out of turn raises last_seq past a hole), so
+-- enabling on history gives the same state as having been ordered all along, and history
+-- with holes does not block an aggregate on sequences that may never come. Aggregates
+-- without processed history are new. Mapping other columns starts over from the history.
+-- One pass over the processed rows, at enable time only (never on the per-message path).
+CREATE FUNCTION mailbox._inbox_seed_aggregates(p_old mailbox._inbox, p_new mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_new.columns;
+BEGIN
+    IF p_old.columns ->> 'aggregate_id' IS DISTINCT FROM c ->> 'aggregate_id'
+       OR p_old.columns ->> 'sequence_num' IS DISTINCT FROM c ->> 'sequence_num' THEN
+        DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = p_new.inbox_key;
+        DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = p_new.inbox_key;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq)'
+        ' SELECT $1, t.%1$I::text, pg_catalog.max(t.%2$I) FROM %4$I.%5$I AS t'
+        ' WHERE t.%3$I IS NOT NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL GROUP BY t.%1$I'
+        ' ON CONFLICT (inbox_key, aggregate_id) DO UPDATE'
+        ' SET last_seq = pg_catalog.int8larger(a.last_seq, excluded.last_seq), updated_at = excluded.updated_at',
+        c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_new.schema_name, p_new.table_name)
+        USING p_new.inbox_key;
+END
+$$;
+
 CREATE FUNCTION mailbox.enable_inbox_ordering(
     p_inbox text,
     p_aggregate_id_col text DEFAULT 'aggregate_id',
@@ -84,6 +118,7 @@ BEGIN
     PERFORM mailbox._require(p_first_sequence, 'p_first_sequence');
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
+    PERFORM mailbox._inbox_check_table(v_old);
     IF v_old.priority_tiers IS NOT NULL THEN
         PERFORM mailbox._inbox_conflict(p_inbox);
     END IF;
@@ -99,6 +134,7 @@ BEGIN
     v_new.ordering_first_sequence := p_first_sequence;
     UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
      WHERE inbox_key = v_old.inbox_key;
+    PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);
     PERFORM mailbox._inbox_reconfigure(v_old, v_new);
 END
 $$;
@@ -119,6 +155,7 @@ BEGIN
     PERFORM mailbox._require(p_if_exists, 'p_if_exists');
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
+    PERFORM mailbox._inbox_check_table(v_old);
     IF v_old.ordering_first_sequence IS NULL THEN
         IF p_if_exists THEN
             RAISE NOTICE 'inbox ordering not enabled, skipping: %', p_inbox;
@@ -130,14 +167,14 @@ BEGIN
     v_new := v_old;
     v_new.ordering_first_sequence := NULL;
     UPDATE mailbox._inbox SET ordering_first_sequence = NULL WHERE inbox_key = v_old.inbox_key;
-    -- the state would be stale if ordering came back later
-    DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_old.inbox_key;
+    -- the per-aggregate positions stay: enabling again merges them with the processed history
+    -- (which retention may have thinned meanwhile); gaps are announced afresh
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_reconfigure(v_old, v_new);
 END
 $$;
 COMMENT ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) IS
-'stop ordering an inbox: drops next_<inbox>, gaps_<inbox> and the per-aggregate state';
+'stop ordering an inbox: drops next_<inbox> and gaps_<inbox> (each aggregate''s position is kept)';
 GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) TO mailbox_admin;
 
 CREATE FUNCTION mailbox.inbox_ordering_gaps(p_inbox text)
@@ -149,6 +186,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_get(p_inbox);
 BEGIN
+    PERFORM mailbox._inbox_check_table(v_inbox);
     IF v_inbox.ordering_first_sequence IS NULL THEN
         RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
             USING ERRCODE = '55000', HINT = 'Enable it with mailbox.enable_inbox_ordering().';
@@ -189,6 +227,7 @@ DECLARE
 BEGIN
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
+    PERFORM mailbox._inbox_check_table(v_old);
     IF v_old.ordering_first_sequence IS NOT NULL THEN
         PERFORM mailbox._inbox_conflict(p_inbox);
     END IF;
@@ -218,6 +257,7 @@ BEGIN
     PERFORM mailbox._require(p_if_exists, 'p_if_exists');
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
+    PERFORM mailbox._inbox_check_table(v_old);
     IF v_old.priority_tiers IS NULL THEN
         IF p_if_exists THEN
             RAISE NOTICE 'inbox priority not enabled, skipping: %', p_inbox;

@@ -147,14 +147,26 @@ END$b$,
     -- (about 100 us); the generic plan has the same shape (index order, anti-join per row).
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
         -- only aggregate heads (next_<i>), oldest first, collected by an InitPlan so the
-        -- claim itself is a primary-key lookup; one in flight per aggregate, since a leased
-        -- head is skipped and its successor is not a head yet
+        -- claim itself is a primary-key lookup. At most one in flight per aggregate: a head
+        -- that is leased (or waits for its retry time) is skipped, and so is a head whose
+        -- aggregate has another message under a live lease: a lower sequence that arrived
+        -- (or was replayed) after its successor was claimed is the head again, but waits
+        -- until that successor is settled. A message in flight was a head when it was
+        -- claimed, so its sequence is at most last_seq + 1 (last_seq never decreases): the
+        -- probe reads only the aggregate's unprocessed rows up to there (the ordering index),
+        -- usually the head alone.
         v_heads := pg_catalog.format(
             ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM %2$I.%3$I AS n'
             ' WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l'
             ' WHERE l.inbox_key = %5$s AND l.event_id = n.%1$I::text AND (l.lease_until > $4 OR l.next_attempt_at > $4))'
+            ' AND NOT EXISTS (SELECT 1 FROM %6$s AS s JOIN mailbox._inbox_lease AS l'
+            ' ON l.inbox_key = %5$s AND l.event_id = s.%1$I::text AND l.lease_until > $4'
+            ' WHERE s.%7$I = n.%7$I AND s.%9$I IS NULL AND s.%8$I <= coalesce((SELECT a.last_seq'
+            ' FROM mailbox._inbox_aggregate AS a WHERE a.inbox_key = %5$s AND a.aggregate_id = n.%7$I::text),'
+            ' ($1).ordering_first_sequence - 1) + 1)'
             ' ORDER BY n.%4$I LIMIT $3 * 4 + 16))',
-            c ->> 'event_id', p_inbox.schema_name, 'next_' || p_inbox.inbox_name, c ->> 'received_at', v_key);
+            c ->> 'event_id', p_inbox.schema_name, 'next_' || p_inbox.inbox_name, c ->> 'received_at', v_key,
+            v_table, c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at');
     END IF;
     IF p_inbox.priority_tiers IS NOT NULL THEN
         v_order := mailbox._inbox_col(c, 'priority') || ', ' || v_order;
@@ -186,10 +198,12 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH won AS (
-        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
-        SELECT %16$s, m.event_id, $5, $2, NULL FROM pg_catalog.unnest(v_rows) AS m
+        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
+                                               leased_by_pid)
+        SELECT %16$s, m.event_id, $5, $2, NULL, pg_catalog.pg_backend_pid() FROM pg_catalog.unnest(v_rows) AS m
             ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
-           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL
+           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
+               leased_by_pid = excluded.leased_by_pid
          WHERE (x.lease_until IS NULL OR x.lease_until <= $4)
            AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= $4)
         RETURNING x.event_id AS won_id, x.lease_until AS won_until
@@ -210,13 +224,16 @@ END$b$,
 
     -- processed(row, event_id)
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        -- the highest processed sequence: a replayed older message does not move it back
+        -- the highest processed sequence: a replayed older message does not move it back, and
+        -- a new aggregate starts at first sequence - 1 even if a stray lower sequence is
+        -- processed first (an existing aggregate only ever moves up to what was processed)
         v_ordering := pg_catalog.format($o$
     IF v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
         INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (%s, v_aggregate, v_seq, pg_catalog.clock_timestamp())
+        VALUES (%1$s, v_aggregate, pg_catalog.int8larger(v_seq, ($1).ordering_first_sequence - 1),
+                pg_catalog.clock_timestamp())
             ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, excluded.last_seq), updated_at = excluded.updated_at;
+           SET last_seq = pg_catalog.int8larger(a.last_seq, v_seq), updated_at = excluded.updated_at;
     END IF;$o$, v_key);
     END IF;
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'boolean', pg_catalog.format($b$
@@ -266,16 +283,32 @@ BEGIN
         RETURN 'dead_letter'; -- already in the DLQ: nothing changes
     END IF;
     IF v_retries >= ($1).max_retries THEN
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %7$s AND l.event_id = v_id;
+        -- a dead letter is not claimable; another backend's live lease still says it is in
+        -- flight (see below) and expires by itself
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key = %7$s AND l.event_id = v_id
+           AND (l.lease_until IS NULL OR l.lease_until <= pg_catalog.clock_timestamp()
+                OR l.leased_by_pid IS NOT DISTINCT FROM pg_catalog.pg_backend_pid());
         INSERT INTO mailbox._inbox_dlq_event (inbox_key, event_id, error, retry_count)
         VALUES (%7$s, v_id, $3, v_retries);
         RETURN 'dead_letter';
+    END IF;
+    -- a live lease taken by another backend is not the caller's to end: this is a late
+    -- report of a worker whose lease expired (the message was reclaimed). The failure counts,
+    -- the holder keeps its lease, and the retry comes due no earlier than that lease ends.
+    UPDATE mailbox._inbox_lease AS l
+       SET next_attempt_at = GREATEST(l.lease_until, pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => $4))
+     WHERE l.inbox_key = %7$s AND l.event_id = v_id AND l.lease_until > pg_catalog.clock_timestamp()
+       AND l.leased_by_pid IS DISTINCT FROM pg_catalog.pg_backend_pid();
+    IF FOUND THEN
+        RETURN 'retry';
     END IF;
     IF $4 > 0 THEN
         INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
         VALUES (%7$s, v_id, NULL, NULL, pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => $4))
             ON CONFLICT (inbox_key, event_id) DO UPDATE
-           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at;
+           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at,
+               leased_by_pid = NULL;
     ELSE
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %7$s AND l.event_id = v_id;
     END IF;

@@ -35,6 +35,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
+    v_table text;
 BEGIN
     IF p_name IS NOT NULL THEN
         PERFORM mailbox._inbox_get(p_name); -- 42704 for an unknown inbox
@@ -42,22 +43,32 @@ BEGIN
     FOR v_inbox IN
         SELECT * FROM mailbox._inbox AS i WHERE p_name IS NULL OR i.inbox_name = p_name ORDER BY i.inbox_name
     LOOP
+        -- the inbox's own table (table_rel) under its current name: after a rename another
+        -- table may carry the stored name (the per-message functions then refuse, 55000)
+        v_table := NULL;
+        SELECT c.relname, pg_catalog.format('%I.%I', n.nspname, c.relname) INTO table_name, v_table
+          FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+         WHERE c.oid = v_inbox.table_rel;
         inbox_name := v_inbox.inbox_name;
         inbox_schema := v_inbox.schema_name;
-        table_name := v_inbox.table_name;
+        table_name := coalesce(table_name, v_inbox.table_name);
         max_retries := v_inbox.max_retries;
         is_managed := v_inbox.is_managed;
         ordering := v_inbox.ordering_first_sequence IS NOT NULL;
         priority := v_inbox.priority_tiers IS NOT NULL;
         created_at := v_inbox.created_at;
-        EXECUTE pg_catalog.format(
-            'SELECT pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I < $1),'
-            ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I >= $1),'
-            ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NOT NULL) FROM %3$I.%4$I AS t',
-            v_inbox.columns ->> 'processed_at', v_inbox.columns ->> 'retry_count',
-            v_inbox.schema_name, v_inbox.table_name)
-            INTO pending_count, dead_letter_count, processed_count
-            USING v_inbox.max_retries;
+        pending_count := NULL;
+        dead_letter_count := NULL;
+        processed_count := NULL;
+        IF v_table IS NOT NULL THEN -- NULL counts when the table was dropped by hand
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I < $1),'
+                ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I >= $1),'
+                ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NOT NULL) FROM %3$s AS t',
+                v_inbox.columns ->> 'processed_at', v_inbox.columns ->> 'retry_count', v_table)
+                INTO pending_count, dead_letter_count, processed_count
+                USING v_inbox.max_retries;
+        END IF;
         RETURN NEXT;
     END LOOP;
 END

@@ -3,6 +3,12 @@
 Inbox tables are reached only through their column mapping: ``Inbox.col(role)`` quotes the
 mapped column with ``plpy.quote_ident`` (never string formatting of raw names), values are
 always bind parameters of ``plpy.prepare``.
+
+An inbox's table is its identity (``mailbox._inbox.table_rel``), not the name stored when it
+was made: ``Inbox.table`` is the table's *current* name, read from pg_class by oid, so a table
+that merely took the old name after a rename is never read or written here. ``Inbox.renamed``
+says the stored name no longer names the table (the per-message SQL functions then refuse
+with 55000); ``Inbox.table`` raises 55000 when the table was dropped by hand.
 """
 
 import json
@@ -10,10 +16,15 @@ import json
 from .errors import MailboxError
 
 CATALOG_SQL = """
-SELECT inbox_key, inbox_name, schema_name, table_name, is_managed, columns::text AS columns,
-       casts::text AS casts, max_retries, retention_hours, ordering_first_sequence,
-       priority_tiers::text AS priority_tiers, with_dead_letter, with_stats
-  FROM mailbox._inbox
+SELECT i.inbox_key, i.inbox_name, i.schema_name, i.table_name, i.is_managed,
+       i.columns::text AS columns, i.casts::text AS casts, i.max_retries, i.retention_hours,
+       i.ordering_first_sequence, i.priority_tiers::text AS priority_tiers, i.with_dead_letter,
+       i.with_stats, n.nspname AS current_schema, c.relname AS current_table,
+       pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+           IS DISTINCT FROM i.table_rel AS renamed
+  FROM mailbox._inbox AS i
+  LEFT JOIN pg_catalog.pg_class AS c ON c.oid = i.table_rel
+  LEFT JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 """
 
 
@@ -31,15 +42,37 @@ class Inbox:
         self.retention_hours = row["retention_hours"]
         self.first_sequence = row["ordering_first_sequence"]
         self.tiers = None if row["priority_tiers"] is None else json.loads(row["priority_tiers"])
+        # the table's current name (None when it was dropped); rows without these keys come
+        # from callers that know the stored name is current
+        if "current_table" in row:
+            self.current = (
+                None
+                if row["current_table"] is None
+                else (row["current_schema"], row["current_table"])
+            )
+            self.renamed = bool(row["renamed"])
+        else:
+            self.current, self.renamed = (self.schema, self.table_name), False
 
     @property
     def ordered(self):
         return self.first_sequence is not None
 
     @property
+    def exists(self):
+        return self.current is not None
+
+    @property
     def table(self):
+        """The inbox's own table under its current name (views stay in ``schema``)."""
+        if self.current is None:
+            raise MailboxError(
+                "55000",
+                f"inbox table of inbox {self.name} was dropped",
+                hint="Drop the inbox with mailbox.drop_inbox().",
+            )
         q = self.plpy.quote_ident
-        return f"{q(self.schema)}.{q(self.table_name)}"
+        return f"{q(self.current[0])}.{q(self.current[1])}"
 
     def view(self, prefix):
         q = self.plpy.quote_ident
@@ -61,7 +94,7 @@ def get(plpy, name):
             "inbox name must not be null",
             hint="Pass the name of an inbox (see mailbox.inbox_status()).",
         )
-    rows = plpy.execute(plpy.prepare(CATALOG_SQL + " WHERE inbox_name = $1", ["text"]), [name])
+    rows = plpy.execute(plpy.prepare(CATALOG_SQL + " WHERE i.inbox_name = $1", ["text"]), [name])
     if not rows:
         raise MailboxError(
             "42704",
@@ -73,7 +106,7 @@ def get(plpy, name):
 
 
 def all_inboxes(plpy):
-    return [Inbox(plpy, r) for r in plpy.execute(CATALOG_SQL + " ORDER BY inbox_name")]
+    return [Inbox(plpy, r) for r in plpy.execute(CATALOG_SQL + " ORDER BY i.inbox_name")]
 
 
 def setting_int(plpy, name, default, low, high):

@@ -5,7 +5,9 @@ mailbox.inbox_critical_age_seconds old (300), or at least mailbox.inbox_critical
 (100) dead letters, is ``critical``; otherwise the oldest pending message at least
 mailbox.inbox_degraded_age_seconds old (60), any dead letter or a blocked aggregate is
 ``degraded``; otherwise ``healthy``. (An ordering gap is as old as the pending message waiting
-behind it, so an old gap already counts through the pending age.)
+behind it, so an old gap already counts through the pending age.) An inbox whose table was
+renamed is ``critical``: its per-message functions refuse (55000) until that is resolved; the
+counts are those of the inbox's own table (by oid), never of a table that took the old name.
 """
 
 from . import inbox_catalog
@@ -99,12 +101,13 @@ def inbox_health(plpy, name):
     blocked, gap_count = (0, 0)
     if inbox.ordered:
         blocked, gap_count = _ordering(plpy, inbox)
+    status = classify(oldest_age, dead, blocked, degraded_age, critical_age, critical_dlq)
+    if inbox.renamed:
+        status = "critical"
     result = {
         "inbox_name": inbox.name,
         "inbox_schema": inbox.schema,
-        "health_status": classify(
-            oldest_age, dead, blocked, degraded_age, critical_age, critical_dlq
-        ),
+        "health_status": status,
         "pending_count": pending,
         "in_flight_count": in_flight,
         "dead_letter_count": dead,
