@@ -166,3 +166,17 @@ def test_a_consumer_can_acknowledge_rows_redelivered_below_its_committed_offset(
     assert [r[0] for r in poll(c, "g", "c", batch=4)] == [1, 2, 3, 4]
     assert commit(c, "g", "c", 4) == 4
     assert scalar(group, "SELECT group_offset FROM mailbox.consumer_group_lag") == 8
+
+
+def test_seek_outside_the_retained_range_is_clamped_with_a_notice(group, connect):
+    a = connect()
+    notices = Notices(a)
+    a.execute("SELECT mailbox.seek_offset('g', 'a', 99)")
+    assert any(
+        s == "NOTICE" and m.startswith("offset 99 is outside the retained range")
+        for s, m in notices.items
+    )
+    lag = group.execute(
+        "SELECT group_offset, head_offset FROM mailbox.consumer_group_lag"
+    ).fetchone()
+    assert lag == (10, 10)

@@ -240,3 +240,29 @@ def test_concurrent_enable_of_the_same_table_creates_one_outbox(db, connect):
         t.join()
     assert scalar(db, "SELECT count(*) FROM mailbox.outboxes") == 1
     assert errors == ["42710"]
+
+
+def test_drop_outbox_gives_up_with_55p03_instead_of_queueing(db, connect):
+    """drop_outbox needs the shared log exclusively for a moment; it never waits in the lock
+    queue (that would stall every producer behind it): it retries for about two seconds and
+    fails cleanly, dropping nothing, then succeeds once producers pause."""
+    db.execute("SELECT mailbox.create_outbox('a')")
+    db.execute("SELECT mailbox.create_outbox('b')")
+    producer = connect(autocommit=False)
+    producer.execute("SELECT mailbox.outbox_publish('a', '{}')")  # stays open > 2 s
+    with raises("55P03") as info:
+        db.execute("SELECT mailbox.drop_outbox('b')")
+    assert "outbox log is busy" in str(info.value) and info.value.diag.message_hint
+    assert scalar(db, "SELECT count(*) FROM mailbox.outboxes WHERE outbox_name = 'b'") == 1
+    producer.commit()
+    db.execute("SELECT mailbox.drop_outbox('b')")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outboxes") == 1
+
+
+def test_snapshot_of_a_dropped_source_table_is_55000(db):
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("SELECT mailbox.enable_outbox('t')")
+    db.execute("DROP TABLE t")
+    with raises("55000") as info:
+        db.execute("SELECT mailbox.outbox_snapshot('t')")
+    assert "source table of outbox t no longer exists" in str(info.value)

@@ -272,3 +272,14 @@ def test_disabled_capture_triggers_show_as_not_enabled(db):
     db.execute("ALTER TABLE t DISABLE TRIGGER mailbox_capture_insert")
     assert scalar(db, "SELECT enabled FROM mailbox.outboxes") is False
     assert scalar(db, "SELECT mailbox.outbox_status('t')")["enabled"] is False
+
+
+def test_rows_consumed_rejects_a_group_of_another_outbox(big):
+    db = big
+    db.execute("SELECT mailbox.create_outbox('other')")
+    db.execute("SELECT mailbox.create_consumer_group('g_other', 'other')")
+    with raises("22023") as info:
+        db.execute(
+            "SELECT mailbox.outbox_rows_consumed('t', %s, 'g_other')", [last_offset(db, "t")]
+        )
+    assert "consumer group g_other does not read outbox t" in str(info.value)
