@@ -50,10 +50,6 @@ BEGIN
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
     -- The hot path inlines what helpers do elsewhere (PL/pgSQL caches these plans); the
     -- helpers run only to raise the right error.
-    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
-    IF NOT FOUND THEN
-        PERFORM mailbox._lock_group(p_group); -- raises 22004, 22023 or 42704
-    END IF;
     IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
         PERFORM mailbox._check_id('consumer id', p_consumer);
     END IF;
