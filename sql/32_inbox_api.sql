@@ -21,6 +21,7 @@ BEGIN
       FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = p_rel
     RETURNING * INTO v_inbox;
+    PERFORM mailbox._inbox_create_state_views(v_inbox);
     PERFORM mailbox._inbox_create_views(v_inbox);
     PERFORM mailbox._inbox_generate(v_inbox);
 END
@@ -151,8 +152,33 @@ from mailbox_server import errors, inbox_tracking
 return errors.envelope(plpy, inbox_tracking.validate_sql, p_rel, p_requested, p_defaults)
 $$;
 
+-- 42501 naming the first privilege the caller lacks: adopting a table lets every inbox role
+-- read and write it through the inbox, so the adopter must hold each of SELECT, INSERT,
+-- UPDATE and DELETE itself (has_table_privilege with a list is true when ANY is held).
+CREATE FUNCTION mailbox._inbox_check_adopt_privileges(p_rel oid)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_privilege text;
+BEGIN
+    FOREACH v_privilege IN ARRAY ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] LOOP
+        IF NOT pg_catalog.has_table_privilege(mailbox._caller(), p_rel, v_privilege) THEN
+            RAISE EXCEPTION 'permission denied to adopt table %: % privilege missing', p_rel::regclass, v_privilege
+                USING ERRCODE = '42501',
+                      DETAIL = 'Adopting a table needs SELECT, INSERT, UPDATE and DELETE on it.',
+                      HINT = pg_catalog.format('GRANT %s ON %s TO %I;', v_privilege, p_rel::regclass,
+                                               mailbox._caller());
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
+-- The inbox's generated functions and views are owned by the table's owner and run with its
+-- rights, never the extension owner's (part 35, docs/inbox.md "Whose rights run what").
 CREATE FUNCTION mailbox.enable_inbox_tracking(
     p_name text,
     p_table_ref text,
@@ -188,7 +214,7 @@ BEGIN
         RAISE EXCEPTION 'table not found: %', p_table_ref
             USING ERRCODE = '42704', HINT = 'Pass the table as schema.table (e.g. public.my_inbox).';
     END IF;
-    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, INSERT, UPDATE', 'track');
+    PERFORM mailbox._inbox_check_adopt_privileges(v_rel);
     IF EXISTS (SELECT 1 FROM mailbox._inbox WHERE table_rel = v_rel) THEN
         RAISE EXCEPTION 'inbox already enabled for table: %', v_rel::regclass
             USING ERRCODE = '42710',
@@ -243,6 +269,7 @@ BEGIN
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_drop_functions(v_inbox);
+    PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
