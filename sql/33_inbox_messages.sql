@@ -56,7 +56,7 @@ BEGIN
     -- an id is a key of the inbox table's unique index and of the lease table, whose entries
     -- are limited to about 2700 bytes; a fixed, documented limit names the argument instead
     IF pg_catalog.octet_length(p_event_id) > 1000 THEN
-        RAISE EXCEPTION 'invalid event id: % bytes', pg_catalog.octet_length(p_event_id)
+        RAISE EXCEPTION 'p_event_id too long: % bytes', pg_catalog.octet_length(p_event_id)
             USING ERRCODE = '22023',
                   HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
     END IF;

@@ -191,7 +191,7 @@ BEGIN
     IF v_priority_type = 'int2' THEN
         v_checks := v_checks || $c$
     IF $10 NOT BETWEEN -32768 AND 32767 THEN
-        RAISE EXCEPTION 'invalid priority for inbox %: %', ($1).inbox_name, $10
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
             USING ERRCODE = '22023',
                   HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
     END IF;$c$;
