@@ -191,8 +191,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_key int := mailbox._outbox_key(p_outbox);
-    v_row bigint := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
+    v_row bigint;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'consume');
+    v_row := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
     PERFORM mailbox._require(p_after_row, 'p_after_row');
     PERFORM mailbox._require(p_limit, 'p_limit');
     IF p_limit <= 0 THEN
@@ -218,9 +220,11 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_key int := mailbox._outbox_key(p_outbox);
-    v_row bigint := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
+    v_row bigint;
     v_group_outbox int;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'consume'); -- covers every group of the outbox
+    v_row := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
     IF p_group IS NOT NULL THEN
         v_group_outbox := mailbox._group_outbox(p_group);
         IF v_group_outbox <> v_key THEN

@@ -46,6 +46,7 @@ DECLARE
     v_from_chunk bigint;
     v_beat timestamptz;
     v_now timestamptz;
+    v_key int;
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
@@ -53,6 +54,15 @@ BEGIN
     -- helpers run only to raise the right error.
     IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
         PERFORM mailbox._check_id('consumer id', p_consumer);
+    END IF;
+    -- Authority before anything is written (the heartbeat below writes). The common case --
+    -- an outbox without grants, open to mailbox_consumer -- costs one index probe here.
+    SELECT g.outbox_key INTO v_key FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
+    IF NOT FOUND THEN
+        v_key := mailbox._group_outbox(p_group); -- raises 22004, 22023 or 42704
+    END IF;
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'outbox' AND x.object_key = v_key) THEN
+        PERFORM mailbox._authorize('outbox', v_key, 'consume');
     END IF;
     -- The poll is a heartbeat: a known consumer's row is refreshed here, before the group
     -- lock, at most every 100 ms (unhealthy or reaped consumers are always older than that).
@@ -179,6 +189,7 @@ DECLARE
     v_full bigint;
     v_partial bigint;
 BEGIN
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     -- lock order as in poll_outbox: own consumer row, then the group row
     SELECT * INTO v_consumer FROM mailbox._consumer AS c
      WHERE c.group_name = p_group AND c.consumer_id = p_consumer
@@ -258,7 +269,7 @@ DECLARE
     v_until timestamptz;
     v_now timestamptz;
 BEGIN
-    PERFORM mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
     PERFORM mailbox._require(p_extension_seconds, 'p_extension_seconds');
     IF p_extension_seconds < 0 THEN
@@ -291,11 +302,14 @@ DECLARE
     v_head bigint;
     v_low bigint;
     v_new bigint;
+    v_key int;
 BEGIN
     PERFORM mailbox._check_id('consumer id', p_consumer);
+    v_key := mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', v_key, 'consume'); -- consume covers seek (SPEC §0)
     -- the retention drain of this outbox must not run between the seek and its commit, and
     -- locks go consumer rows first, then the group row, as everywhere
-    PERFORM mailbox._retention_lock(mailbox._group_outbox(p_group));
+    PERFORM mailbox._retention_lock(v_key);
     PERFORM FROM mailbox._consumer AS c WHERE c.group_name = p_group
      ORDER BY c.consumer_id FOR NO KEY UPDATE;
     v_group := mailbox._lock_group(p_group);
@@ -330,7 +344,7 @@ SECURITY DEFINER -- consumers report liveness only through this function
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    PERFORM mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
 END
 $$;

@@ -9,6 +9,27 @@ AS $$
     SELECT pg_catalog.make_interval(secs => mailbox._setting_int('consumer_heartbeat_timeout_seconds', 60, 1, 86400000));
 $$;
 
+-- The outboxes with groups whose state the caller may read: those it may consume
+-- (mailbox._authorize decides; outboxes without grants are open to every consumer).
+CREATE FUNCTION mailbox._consumable_outboxes()
+RETURNS SETOF int
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int;
+BEGIN
+    FOR v_key IN SELECT DISTINCT g.outbox_key FROM mailbox._consumer_group AS g ORDER BY 1 LOOP
+        BEGIN
+            PERFORM mailbox._authorize('outbox', v_key, 'consume');
+            RETURN NEXT v_key;
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL; -- not listed
+        END;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION mailbox.consumer_lag(p_group text DEFAULT NULL)
 RETURNS TABLE (
     group_name text, consumer_id text, committed_offset bigint, group_offset bigint, head_offset bigint,
@@ -22,14 +43,19 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_timeout interval := mailbox._heartbeat_timeout();
+    v_keys int[];
 BEGIN
+    -- a named group needs consume on its outbox; without a name, only the groups of
+    -- outboxes the caller may consume are listed
     IF p_group IS NOT NULL THEN
-        PERFORM mailbox._group_outbox(p_group);
+        v_keys := ARRAY[mailbox._group_outbox(p_group)];
+        PERFORM mailbox._authorize('outbox', v_keys[1], 'consume');
+    ELSE
+        v_keys := ARRAY(SELECT mailbox._consumable_outboxes());
     END IF;
     -- the head must count every committed row, numbered or not yet
     PERFORM mailbox._sequence_all(k.outbox_key)
-       FROM (SELECT DISTINCT g.outbox_key FROM mailbox._consumer_group AS g
-              WHERE p_group IS NULL OR g.group_name = p_group) AS k;
+       FROM pg_catalog.unnest(v_keys) AS k (outbox_key) ORDER BY k.outbox_key;
     RETURN QUERY
     SELECT g.group_name, c.consumer_id, c.committed_offset, g.group_offset, o.head_offset,
            o.head_offset - g.group_offset,
@@ -42,7 +68,7 @@ BEGIN
       FROM mailbox._consumer_group AS g
       JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
       LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
-     WHERE p_group IS NULL OR g.group_name = p_group
+     WHERE g.outbox_key = ANY (v_keys) AND (p_group IS NULL OR g.group_name = p_group)
      ORDER BY g.group_name, c.consumer_id;
 END
 $$;
