@@ -41,6 +41,10 @@ BEGIN
     IF NOT FOUND THEN
         v_key := mailbox._outbox_key(p_outbox);
     END IF;
+    -- An outbox without grants is open to mailbox_producer: one index probe, no call.
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'outbox' AND x.object_key = v_key) THEN
+        PERFORM mailbox._authorize('outbox', v_key, 'publish');
+    END IF;
     IF p_payload IS NULL THEN
         RAISE EXCEPTION 'payload must not be null (outbox %)', p_outbox
             USING ERRCODE = '22004', HINT = 'Pass a JSON value; use ''{}'' for an event without data.';
@@ -81,6 +85,7 @@ DECLARE
     v_headers jsonb := mailbox._check_headers(p_headers);
     v_null_at int;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'publish');
     PERFORM mailbox._require(p_payloads, 'p_payloads');
     SELECT pg_catalog.min(u.i) INTO v_null_at
       FROM pg_catalog.unnest(p_payloads) WITH ORDINALITY AS u (payload, i) WHERE u.payload IS NULL;
