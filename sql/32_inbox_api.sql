@@ -152,29 +152,6 @@ from mailbox_server import errors, inbox_tracking
 return errors.envelope(plpy, inbox_tracking.validate_sql, p_rel, p_requested, p_defaults)
 $$;
 
--- 42501 naming the first privilege the caller lacks: adopting a table lets every inbox role
--- read and write it through the inbox, so the adopter must hold each of SELECT, INSERT,
--- UPDATE and DELETE itself (has_table_privilege with a list is true when ANY is held).
-CREATE FUNCTION mailbox._inbox_check_adopt_privileges(p_rel oid)
-RETURNS void
-LANGUAGE plpgsql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_privilege text;
-BEGIN
-    FOREACH v_privilege IN ARRAY ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] LOOP
-        IF NOT pg_catalog.has_table_privilege(mailbox._caller(), p_rel, v_privilege) THEN
-            RAISE EXCEPTION 'permission denied to adopt table %: % privilege missing', p_rel::regclass, v_privilege
-                USING ERRCODE = '42501',
-                      DETAIL = 'Adopting a table needs SELECT, INSERT, UPDATE and DELETE on it.',
-                      HINT = pg_catalog.format('GRANT %s ON %s TO %I;', v_privilege, p_rel::regclass,
-                                               mailbox._caller());
-        END IF;
-    END LOOP;
-END
-$$;
-
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
 -- The inbox's generated functions and views are owned by the table's owner and run with its
@@ -214,7 +191,9 @@ BEGIN
         RAISE EXCEPTION 'table not found: %', p_table_ref
             USING ERRCODE = '42704', HINT = 'Pass the table as schema.table (e.g. public.my_inbox).';
     END IF;
-    PERFORM mailbox._inbox_check_adopt_privileges(v_rel);
+    -- every inbox role reads and writes an adopted table through the inbox: the adopter must
+    -- hold each of these itself (the helper checks them one by one, 42501 naming the first missing)
+    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, INSERT, UPDATE, DELETE', 'adopt');
     IF EXISTS (SELECT 1 FROM mailbox._inbox WHERE table_rel = v_rel) THEN
         RAISE EXCEPTION 'inbox already enabled for table: %', v_rel::regclass
             USING ERRCODE = '42710',
@@ -275,6 +254,7 @@ BEGIN
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
+    PERFORM mailbox._forget_grants('inbox', v_inbox.inbox_key);
     -- the inbox's table is table_rel, wherever it is now: after a rename another table may
     -- carry the stored name, and that one is never ours to drop; the table may also have been
     -- dropped by hand already
