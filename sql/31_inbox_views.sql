@@ -147,16 +147,19 @@ WITH RECURSIVE heads AS (
 )
 SELECT m.* FROM heads AS h
  CROSS JOIN mailbox.%6$I AS cfg
-  LEFT JOIN mailbox.%8$I AS s ON s.aggregate_id = h.agg::text
  CROSS JOIN LATERAL (SELECT t.* FROM %3$s AS t
                       WHERE t.%1$s = h.agg AND t.%2$s = h.seq AND t.%4$s IS NULL
                       ORDER BY t.%7$s LIMIT 1) AS m
- WHERE h.seq <= coalesce(s.last_seq, cfg.ordering_first_sequence - 1) + 1
+ WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox.%8$I AS s WHERE s.aggregate_id = h.agg::text),
+                         cfg.ordering_first_sequence - 1) + 1
    AND m.%5$s < cfg.max_retries$q$,
         v_agg, v_seq, v_table, v_proc, v_retry, '_inbox_' || p_inbox.inbox_key || '_config', v_id,
         '_inbox_' || p_inbox.inbox_key || '_aggregate');
 END
 $$;
+
+-- The per-inbox state views are security barriers, which a join cannot see into: they are
+-- read by scalar subqueries (one primary-key lookup each) in next_<i> and gaps_<i>.
 
 -- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
 -- processed sequence, among its unprocessed messages (dead letters are not holes). p_table
@@ -184,14 +187,13 @@ SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_s
        pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
   FROM aggs AS a
  CROSS JOIN mailbox.%6$I AS cfg
-  LEFT JOIN mailbox.%7$I AS s ON s.aggregate_id = a.agg::text
+ CROSS JOIN LATERAL (SELECT coalesce((SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = a.agg::text),
+                                     cfg.ordering_first_sequence - 1) AS last_seq) AS s
  CROSS JOIN LATERAL (
         SELECT t.%2$s::bigint AS seq, t.%5$s::timestamptz AS recv,
-               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s),
-                        coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS prev
+               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s), s.last_seq) AS prev
           FROM %3$s AS t
-         WHERE t.%1$s = a.agg AND t.%4$s IS NULL
-           AND t.%2$s > coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS x
+         WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
         pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
         coalesce(p_table, pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),

@@ -208,7 +208,9 @@ BEGIN
 
     -- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
     -- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
-    -- Always the generic plan: with LIMIT $2 the planner costs it for 10% of the pending rows,
+    -- The per-inbox views are security barriers, which a join cannot see into: their probes are
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. Always the
+-- generic plan: with LIMIT $2 the planner costs it for 10% of the pending rows,
     -- far above a custom plan for a batch of 10, so the plan cache would never pick it and
     -- would plan every claim again (about 100 us); the generic plan has the same shape (index
     -- order, anti-join per row).
@@ -226,12 +228,13 @@ BEGIN
         v_heads := pg_catalog.format(
             ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
             ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
-            ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3))'
-            ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s JOIN %3$s AS l'
-            ' ON l.event_id = s.%1$I::text AND l.lease_until > $3'
+            ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
+            ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
             ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
             ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
-            ' ($1).ordering_first_sequence - 1) + 1)'
+            ' ($1).ordering_first_sequence - 1) + 1'
+            ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
+            ' OFFSET 0)'
             ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
             c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), v_lease, c ->> 'received_at',
             v_table, c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
@@ -253,7 +256,7 @@ BEGIN
                  WHERE t.%13$I IS NULL AND t.%14$I < ($1).max_retries%15$s
                    AND NOT EXISTS (SELECT 1 FROM %16$s AS l
                                     WHERE l.event_id = t.%1$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3))
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
                  ORDER BY %17$s
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t

@@ -52,9 +52,9 @@ BEGIN
             -- a dead letter at or before an aggregate's next position blocks that aggregate
             v_sql := v_sql || pg_catalog.format(
                 ' || pg_catalog.jsonb_build_object(''blocked'', (SELECT pg_catalog.count(DISTINCT %4$s)'
-                ' FROM %1$s AS t LEFT JOIN mailbox.%6$I AS s ON s.aggregate_id = %4$s::pg_catalog.text'
-                ' WHERE %2$s IS NULL AND %3$s >= ($1).max_retries AND %4$s IS NOT NULL'
-                ' AND %5$s <= coalesce(s.last_seq, ($1).ordering_first_sequence - 1) + 1),'
+                ' FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= ($1).max_retries AND %4$s IS NOT NULL'
+                ' AND %5$s <= coalesce((SELECT s.last_seq FROM mailbox.%6$I AS s'
+                ' WHERE s.aggregate_id = %4$s::pg_catalog.text), ($1).ordering_first_sequence - 1) + 1),'
                 ' ''gaps'', (SELECT pg_catalog.count(*) FROM (%7$s) AS g))',
                 v_table, v_proc, v_retry, mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
                 '_inbox_' || p_inbox.inbox_key || '_aggregate', mailbox._inbox_gaps_sql(p_inbox, v_table));
