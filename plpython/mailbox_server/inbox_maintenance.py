@@ -138,17 +138,37 @@ def run(plpy):
     dlq_hours = _setting(plpy, "inbox_dlq_retention_hours", 0)
     max_alerts = _setting(plpy, "inbox_dlq_alert_max_per_run", 10, 0, 10000)
     gap_threshold = _setting(plpy, "inbox_gap_alert_seconds", 60, 0, 31536000)
-    result = {"inbox_processed_drained": 0, "inbox_dlq_drained": 0, "inbox_gap_alerts": 0}
+    result = {
+        "inbox_processed_drained": 0,
+        "inbox_dlq_drained": 0,
+        "inbox_gap_alerts": 0,
+        "inbox_failed": 0,
+    }
     for inbox in inbox_catalog.all_inboxes(plpy):
         if not inbox.exists:
             continue  # its table was dropped by hand: nothing to drain, never another table
-        processed, dead = drain(plpy, inbox, batch, dlq_hours)
+        # an inbox table runs its owner's code (a trigger that raises, say) and its owner may
+        # drop or alter the inbox's generated functions: that inbox's failure is reported and
+        # rolled back alone, and every other inbox is still maintained
+        try:
+            with plpy.subtransaction():
+                processed, dead = drain(plpy, inbox, batch, dlq_hours)
+                # a renamed inbox is refused by its functions (and health is critical); its
+                # gaps view may have moved with a renamed schema, so its gap alerts wait
+                gaps = 0
+                if inbox.ordered and not inbox.renamed:
+                    gaps = gap_alerts(plpy, inbox, gap_threshold)
+        except plpy.SPIError as exc:
+            result["inbox_failed"] += 1
+            plpy.warning(
+                f"maintenance of inbox {inbox.name} failed: {exc}",
+                detail=f"SQLSTATE {getattr(exc, 'sqlstate', None)}; other inboxes were maintained.",
+                hint="See the inbox's table (triggers, constraints) and mailbox.inbox_health().",
+            )
+            continue
         result["inbox_processed_drained"] += processed
         result["inbox_dlq_drained"] += dead
-        # a renamed inbox is refused by its functions (and health is critical); its gaps
-        # view may have moved with a renamed schema, so its gap alerts wait until resolved
-        if inbox.ordered and not inbox.renamed:
-            result["inbox_gap_alerts"] += gap_alerts(plpy, inbox, gap_threshold)
+        result["inbox_gap_alerts"] += gaps
     result["inbox_leases_expired"] = plpy.execute(_EXPIRE_LEASES)[0]["n"]
     sent, batches = dlq_alerts(plpy, max_alerts)
     result["inbox_dlq_alerts"] = sent
