@@ -165,7 +165,19 @@ BEGIN
         dead_letter_count := NULL;
         processed_count := NULL;
         IF v_table IS NOT NULL THEN -- NULL counts when the table was dropped by hand
-            v_counts := mailbox._inbox_counts(v_inbox, FALSE);
+            -- read with the table owner's rights; listing every inbox, one whose table (or
+            -- generated function) fails is shown with NULL counts and a WARNING, not an error
+            BEGIN
+                v_counts := mailbox._inbox_counts(v_inbox, FALSE);
+            EXCEPTION WHEN OTHERS THEN
+                IF p_name IS NOT NULL THEN
+                    RAISE;
+                END IF;
+                RAISE WARNING 'counting messages of inbox % failed: %', v_inbox.inbox_name, SQLERRM
+                    USING HINT = pg_catalog.format('SELECT * FROM mailbox.inbox_status(%s) shows the error.',
+                                                   pg_catalog.quote_literal(v_inbox.inbox_name));
+                v_counts := NULL;
+            END;
             pending_count := (v_counts ->> 'pending')::bigint;
             dead_letter_count := (v_counts ->> 'dead')::bigint;
             processed_count := (v_counts ->> 'processed')::bigint;
