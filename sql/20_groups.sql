@@ -34,6 +34,7 @@ CREATE TABLE mailbox._consumer (
     PRIMARY KEY (group_name, consumer_id)
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE mailbox._consumer IS 'pg_mailbox: consumers of each group, registered by their first poll';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._consumer', '');
 
 -- Leases taken from a consumer after they expired: its next commit covering them warns
 -- 'lease lost'. A table of its own, so a takeover never locks the old holder's consumer row
@@ -47,6 +48,7 @@ CREATE TABLE mailbox._lost_lease (
         REFERENCES mailbox._consumer (group_name, consumer_id) ON DELETE CASCADE
 );
 COMMENT ON TABLE mailbox._lost_lease IS 'pg_mailbox: leases taken over from a consumer, for its lease-lost warning';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lost_lease', '');
 
 CREATE TABLE mailbox._lease (
     group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
@@ -59,6 +61,7 @@ CREATE TABLE mailbox._lease (
 ) WITH (fillfactor = 70);
 CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
 COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lease', '');
 
 -- A group by name, locked for the caller's change, or 42704.
 CREATE FUNCTION mailbox._lock_group(p_group text)
