@@ -149,9 +149,9 @@ $$;
 -- Read as ids of the new cluster they would leave new rows without an offset (below the old
 -- snapshot) or number old rows twice. So a restored catalog row is marked (seq_snapshot
 -- 2:2:, which no real snapshot is: the first normal xid is 3) by the trigger below, and the
--- first sequencer run on it calls _rebase_restored_outbox. The trigger fires for the rows
--- pg_dump's data load inserts: only they carry sequencer state (create_outbox inserts the
--- initial one, which means "every row is new" in any cluster).
+-- first sequencer run on it calls _rebase_restored_outbox. The trigger marks every row
+-- inserted; _create_outbox_objects, the only other writer of new rows, then sets the initial
+-- state of a new outbox.
 CREATE FUNCTION mailbox._outbox_mark_restored()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -167,12 +167,7 @@ END
 $$;
 
 CREATE TRIGGER mailbox_outbox_restored BEFORE INSERT ON mailbox._outbox
-FOR EACH ROW
-WHEN (
-    new.head_offset <> 0 OR new.win_snapshot IS NOT NULL
-    OR pg_catalog.pg_snapshot_xmax(new.seq_snapshot) <> '1'::xid8
-)
-EXECUTE FUNCTION mailbox._outbox_mark_restored();
+FOR EACH ROW EXECUTE FUNCTION mailbox._outbox_mark_restored();
 
 -- Called by _sequence_outbox, under the catalog row's lock, for a restored outbox. Every row
 -- visible now without an offset (the restored rows, and rows committed since the restore)

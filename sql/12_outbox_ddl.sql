@@ -46,6 +46,8 @@ BEGIN
         p_retention_hours, p_inline_threshold_rows
     )
     RETURNING outbox_key INTO v_key;
+    -- the insert trigger marks rows as restored from a dump (part 10); this one is new
+    UPDATE mailbox._outbox SET seq_snapshot = '1:1:' WHERE outbox_key = v_key;
     INSERT INTO mailbox._outbox_retention (outbox_key) VALUES (v_key);
 
     -- v_key is an integer this function generated, never caller text
