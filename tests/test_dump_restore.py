@@ -5,10 +5,11 @@ claim-check rows), consumer groups with committed offsets, live leases, numbered
 delivered and rows not yet numbered, a managed and an adopted inbox with ordering and pending,
 processed and dead-letter messages -- is dumped with the PostgreSQL binaries of the server
 under test, in plain format (restored by psql with ON_ERROR_STOP) and in custom format
-(pg_restore --exit-on-error), into a new empty database. The restore must report no error,
-the state must equal the original's, and the same calls made on both databases afterwards
-(polls with live and then expired leases, commits, publishing, capture, inbox claims and
-marks) must give the same answers.
+(pg_restore --exit-on-error, in one job and with the parallel procedure of docs/backup.md),
+into a new empty database. The restore must report no error, the state must equal the
+original's, and the same calls made on both databases afterwards (polls with live and then
+expired leases, commits, publishing, capture, inbox claims and marks) must give the same
+answers.
 
 test_restore_into_a_cluster_with_older_transaction_ids restores into a second, new cluster
 whose transaction ids are behind the original's: offsets must continue there too.
@@ -70,7 +71,7 @@ def dump_and_restore(source_dsn: str, target_dsn: str, fmt: str, tmp_path) -> No
     bindir = find_bindir()
     env = {"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "30"}
     path = tmp_path / f"dump.{fmt}"
-    flag = "--format=plain" if fmt == "plain" else "--format=custom"  # custom, parallel
+    flag = "--format=plain" if fmt == "plain" else "--format=custom"  # "custom", "parallel"
     done = _run([str(bindir / "pg_dump"), flag, "--file", str(path), "--dbname", source_dsn], env)
     assert done.returncode == 0, done.stderr
     if fmt == "plain":
