@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 from groups import poll
-from mbx import scalar
+from mbx import drop_role, make_role, scalar
 from psycopg import sql
 
 from pg_mailbox.cluster import Cluster, find_bindir
@@ -135,9 +135,11 @@ def _restore_in_parallel(bindir, env, path, target_dsn, tmp_path):
     return done
 
 
-def build_state(db: psycopg.Connection) -> None:
-    """Outboxes, groups, leases and inboxes with rows in flight."""
+def build_state(db: psycopg.Connection, owner: str) -> None:
+    """Outboxes, groups, leases and inboxes with rows in flight. owner owns the captured
+    table (and so its capture function)."""
     db.execute("CREATE TABLE public.orders (id int PRIMARY KEY, item text, qty int)")
+    db.execute(sql.SQL("ALTER TABLE public.orders OWNER TO {}").format(sql.Identifier(owner)))
     db.execute("SELECT mailbox.create_outbox('events')")
     db.execute(
         "SELECT mailbox.enable_outbox('public.orders', p_inline_threshold_rows => 3,"
@@ -272,6 +274,11 @@ STATE = {
     " WHERE NOT tgisinternal ORDER BY 1, 2",
     "functions": "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proacl::text[]"
     " FROM pg_proc AS p WHERE p.pronamespace = 'mailbox'::regnamespace ORDER BY 1",
+    "owners": "SELECT c.oid::regclass::text, c.relowner::regrole::text FROM pg_class AS c"
+    " WHERE c.relnamespace IN ('mailbox'::regnamespace, 'public'::regnamespace,"
+    " 'legacy'::regnamespace) UNION ALL SELECT p.oid::regprocedure::text,"
+    " p.proowner::regrole::text FROM pg_proc AS p"
+    " WHERE p.pronamespace = 'mailbox'::regnamespace ORDER BY 1",
     "table_privileges": "SELECT c.oid::regclass::text, c.relacl::text[] FROM pg_class AS c"
     " WHERE c.relnamespace IN ('mailbox'::regnamespace, 'public'::regnamespace,"
     " 'legacy'::regnamespace) ORDER BY 1",
@@ -386,9 +393,18 @@ def check_exercise(out: dict[str, object]) -> None:
     assert out["payments_3"] == [("p7",)]
 
 
+@pytest.fixture
+def owner(db):
+    """A role owning the captured table: roles live in the cluster, so the restored database
+    on the same server has it too."""
+    role = make_role(db)
+    yield role
+    drop_role(db, role)
+
+
 @pytest.mark.parametrize("fmt", ["plain", "custom", "parallel"])
-def test_dump_restores_a_working_database(db, dsn, pg_cluster, fmt, tmp_path):
-    build_state(db)
+def test_dump_restores_a_working_database(db, dsn, pg_cluster, owner, fmt, tmp_path):
+    build_state(db, owner)
     before = state(db)
     with _new_database(pg_cluster.dsn()) as target_dsn:
         dump_and_restore(dsn, target_dsn, fmt, tmp_path)
