@@ -163,19 +163,28 @@ AS $$
                 ELSE pg_catalog.current_setting('role')::name END;
 $$;
 
--- 42501 unless the caller holds every listed privilege on the table: capturing a table must
--- not become a way to read one you may not read.
+-- 42501 unless the caller holds EVERY listed privilege on the table (has_table_privilege with a
+-- list is true when any one is held, so each is checked alone): capturing a table must not
+-- become a way to read one you may not read. The error names the first missing privilege.
 CREATE FUNCTION mailbox._check_table_privilege(p_rel oid, p_privileges text, p_action text)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_caller name := mailbox._caller();
+    v_privilege text;
 BEGIN
-    IF NOT pg_catalog.has_table_privilege(mailbox._caller(), p_rel, p_privileges) THEN
-        RAISE EXCEPTION 'permission denied to % table: %', p_action, p_rel::regclass
-            USING ERRCODE = '42501',
-                  HINT = pg_catalog.format('Role %s needs %s on %s.', mailbox._caller(), p_privileges, p_rel::regclass);
-    END IF;
+    FOREACH v_privilege IN ARRAY pg_catalog.regexp_split_to_array(pg_catalog.btrim(p_privileges), '\s*,\s*') LOOP
+        IF NOT pg_catalog.has_table_privilege(v_caller, p_rel, v_privilege) THEN
+            RAISE EXCEPTION 'permission denied to % table: % (role % lacks %)', p_action, p_rel::regclass,
+                            v_caller, v_privilege
+                USING ERRCODE = '42501',
+                      DETAIL = pg_catalog.format('To %s a table, a role needs %s on it.', p_action, p_privileges),
+                      HINT = pg_catalog.format('GRANT %s ON %s TO %s;', v_privilege, p_rel::regclass,
+                                               pg_catalog.quote_ident(v_caller));
+        END IF;
+    END LOOP;
 END
 $$;
 

@@ -144,44 +144,11 @@ AS $$
     SELECT mailbox._unwrap(mailbox._derive_outbox_name_py(p_schema, p_table)) #>> '{}';
 $$;
 
--- The capture trigger gets its outbox's key, name and threshold as arguments, so it reads no
--- catalog per statement. Arguments are DDL literals: quote_literal of values this extension
--- generated or validated (an integer, a checked name), never free caller text.
-CREATE FUNCTION mailbox._install_capture(p_rel oid, p_key int)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_table regclass := p_rel::regclass;
-    v_args text;
-BEGIN
-    SELECT pg_catalog.format('%s, %s, %s', o.outbox_key, pg_catalog.quote_literal(o.outbox_name),
-                             pg_catalog.quote_literal(coalesce(o.inline_threshold_rows::text, '')))
-      INTO v_args
-      FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
-    EXECUTE pg_catalog.format(
-        'CREATE TRIGGER mailbox_capture_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS mailbox_new_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
-    EXECUTE pg_catalog.format(
-        'CREATE TRIGGER mailbox_capture_update AFTER UPDATE ON %s'
-        ' REFERENCING OLD TABLE AS mailbox_old_rows NEW TABLE AS mailbox_new_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
-    EXECUTE pg_catalog.format(
-        'CREATE TRIGGER mailbox_capture_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS mailbox_old_rows'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
-    EXECUTE pg_catalog.format(
-        'CREATE TRIGGER mailbox_capture_truncate AFTER TRUNCATE ON %s'
-        ' FOR EACH STATEMENT EXECUTE FUNCTION mailbox._capture(%s)', v_table, v_args);
-END
-$$;
-
 CREATE FUNCTION mailbox._enable_outbox(
     p_rel oid,
     p_retention_hours int,
     p_inline_threshold_rows int,
-    p_outbox_name text,
-    p_initial_snapshot boolean
+    p_outbox_name text
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -198,7 +165,6 @@ BEGIN
     IF p_outbox_name IS NOT NULL THEN
         PERFORM mailbox._check_name('outbox', p_outbox_name);
     END IF;
-    PERFORM mailbox._require(p_initial_snapshot, 'p_initial_snapshot');
     PERFORM mailbox._check_table_privilege(p_rel, 'SELECT, TRIGGER', 'capture');
     PERFORM mailbox._ddl_lock();
     SELECT n.nspname, c.relname INTO v_schema, v_table
@@ -212,17 +178,15 @@ BEGIN
     v_name := coalesce(p_outbox_name, mailbox._derive_outbox_name(v_schema, v_table));
 
     v_key := mailbox._create_outbox_objects(v_name, p_rel, p_retention_hours, p_inline_threshold_rows);
-    PERFORM mailbox._install_capture(p_rel, v_key);
-    IF p_initial_snapshot THEN
-        PERFORM mailbox._write_snapshot(v_key);
-    END IF;
+    PERFORM mailbox._install_capture(v_key);
     RETURN v_name;
 END
 $$;
 
 -- Deliberately SECURITY INVOKER without SET search_path: p_source is resolved with the
 -- caller's search_path (as a table name in the caller's own SQL would be). Everything
--- privileged happens in _enable_outbox, which re-checks the table and the caller's rights.
+-- privileged happens in _enable_outbox, which re-checks the table and the caller's rights;
+-- the initial snapshot reads the table with the caller's rights (outbox_snapshot).
 CREATE FUNCTION mailbox.enable_outbox(
     p_source text,
     p_retention_hours int DEFAULT 24,
@@ -235,6 +199,7 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
 DECLARE
     v_rel oid;
+    v_name text;
 BEGIN
     IF p_source IS NULL THEN
         RAISE EXCEPTION 'p_source must not be null'
@@ -250,8 +215,15 @@ BEGIN
         RAISE EXCEPTION 'table not found: %', p_source
             USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
     END IF;
-    RETURN mailbox._enable_outbox(v_rel, p_retention_hours, p_inline_threshold_rows, p_outbox_name,
-                                  p_initial_snapshot);
+    IF p_initial_snapshot IS NULL THEN
+        RAISE EXCEPTION 'p_initial_snapshot must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass true or false.';
+    END IF;
+    v_name := mailbox._enable_outbox(v_rel, p_retention_hours, p_inline_threshold_rows, p_outbox_name);
+    IF p_initial_snapshot THEN
+        PERFORM mailbox.outbox_snapshot(v_name);
+    END IF;
+    RETURN v_name;
 END
 $$;
 COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean) IS
@@ -290,7 +262,6 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_outbox mailbox._outbox;
-    v_trigger text;
 BEGIN
     PERFORM mailbox._require(p_name, 'p_name');
     PERFORM mailbox._require(p_if_exists, 'p_if_exists');
@@ -305,14 +276,8 @@ BEGIN
     END IF;
 
     -- the source may have been dropped already; its triggers went with it
-    FOR v_trigger IN
-        SELECT t.tgname FROM pg_catalog.pg_trigger AS t
-         WHERE t.tgrelid = v_outbox.source_rel AND NOT t.tgisinternal
-           AND t.tgfoid = 'mailbox._capture()'::regprocedure
-    LOOP
-        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger, v_outbox.source_rel::regclass);
-    END LOOP;
-
+    PERFORM mailbox._remove_capture(v_outbox.outbox_key);
+    PERFORM mailbox._forget_grants('outbox', v_outbox.outbox_key);
     DELETE FROM mailbox._claim_check_consumed WHERE outbox_key = v_outbox.outbox_key;
     PERFORM mailbox._lock_shared_log();
     EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', 'outbox_latest_' || p_name);

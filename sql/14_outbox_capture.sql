@@ -18,175 +18,260 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION mailbox._capture()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- any role allowed to write the captured table writes its outbox rows
+-- Capture runs code its table's owner controls: to_jsonb calls the casts to json of the
+-- columns' types, and the transition tables hold whatever the owner's defaults, triggers and
+-- domains made. So the trigger function of a captured table is generated per outbox, OWNED BY
+-- THE TABLE'S OWNER and SECURITY DEFINER: any role allowed to write the table produces outbox
+-- rows, and everything that runs inside runs with the table owner's rights, never the
+-- extension owner's (docs/security.md, "Whose rights run what"). The table owner gets exactly
+-- what this function needs: INSERT on its own outbox's two partitions (the columns a capture
+-- writes; _id, _xid, event_id and created_at always come from their defaults), SELECT on _id
+-- (RETURNING), USAGE on the row sequence and EXECUTE on the setting parsers. Writing its own
+-- outbox directly is no more than the owner can do by writing its own table.
+--
+-- The function body is static SQL with the outbox's partitions written in, so PL/pgSQL caches
+-- its plans, and it reads no catalog beyond one check that the table still has the owner the
+-- function runs as (an ALTER TABLE ... OWNER TO would otherwise leave the new owner's casts
+-- running with the old owner's rights; mailbox.repair_outbox_capture() re-owns it).
+CREATE FUNCTION mailbox._capture_function_sql(p_key int, p_name text, p_threshold int)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
+AS $gen$
+BEGIN
+    -- only integers and checked names are written in: p_key and p_threshold are integers, the
+    -- outbox name passed _check_name ([a-z_][a-z0-9_]*) and goes through %I or quote_literal
+    RETURN pg_catalog.format($body$
 DECLARE
-    -- arguments fixed by enable_outbox: outbox key, outbox name, per-outbox threshold or ''
-    v_key int := TG_ARGV[0]::int;
-    v_name text := TG_ARGV[1];
-    v_threshold int := nullif(TG_ARGV[2], '')::int;
-    v_source text := pg_catalog.format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
+    v_source text := pg_catalog.format('%%I.%%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
     v_ins bigint := 0;
     v_del bigint := 0;
     v_inserted jsonb := '[]';
     v_deleted jsonb := '[]';
+    v_threshold int := %4$s;
     v_row bigint;
     v_notify text;
 BEGIN
-    -- The capture hot path calls no helpers with SET clauses unless a setting is present:
-    -- an unset GUC reads as NULL and means its default.
-
+    IF (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = TG_RELID)
+       IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION 'capture of %% runs as %%, which no longer owns it', v_source, current_user
+            USING ERRCODE = '55000',
+                  DETAIL = 'A captured table''s trigger function runs with its owner''s rights.',
+                  HINT = 'A member of mailbox_admin runs SELECT mailbox.repair_outbox_capture('
+                         || pg_catalog.quote_literal(%3$s) || ').';
+    END IF;
     IF TG_OP = 'TRUNCATE' THEN
-        INSERT INTO mailbox._outbox_log (outbox_key, source, event_type, payload, full_refresh)
-        VALUES (v_key, v_source, 'TRUNCATE',
+        INSERT INTO mailbox.%2$I (outbox_key, source, event_type, payload, full_refresh)
+        VALUES (%1$s, v_source, 'TRUNCATE',
                 pg_catalog.jsonb_build_object('v', 1, 'source', v_source, 'op', 'TRUNCATE', 'full_refresh', true,
                                               'inserted', v_inserted, 'deleted', v_deleted),
                 true);
-        PERFORM mailbox._alert('outbox_full_refresh',
-                               pg_catalog.jsonb_build_object('outbox', v_name, 'source', v_source, 'op', 'TRUNCATE'));
-        PERFORM mailbox._notify_outbox(v_name);
-        RETURN NULL;
-    END IF;
-
-    IF TG_OP = 'INSERT' THEN
-        SELECT pg_catalog.count(*) INTO v_ins FROM mailbox_new_rows;
-    ELSIF TG_OP = 'DELETE' THEN
-        SELECT pg_catalog.count(*) INTO v_del FROM mailbox_old_rows;
     ELSE
-        SELECT pg_catalog.count(*) INTO v_ins FROM mailbox_new_rows;
-        v_del := v_ins;
-    END IF;
-    IF v_ins + v_del = 0
-       AND (pg_catalog.current_setting('mailbox.outbox_skip_empty_delta', true) IS NULL
-            OR mailbox._setting_bool('outbox_skip_empty_delta', true)) THEN
-        RETURN NULL;
-    END IF;
-    IF v_threshold IS NULL THEN
-        v_threshold := CASE WHEN pg_catalog.current_setting('mailbox.outbox_inline_threshold_rows', true) IS NULL
-                            THEN 10000
-                            ELSE mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647) END;
-    END IF;
-
-    IF v_ins + v_del <= v_threshold THEN
-        IF v_ins > 0 THEN
-            SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) INTO v_inserted FROM mailbox_new_rows AS r;
+        IF TG_OP = 'INSERT' THEN
+            SELECT pg_catalog.count(*) INTO v_ins FROM mailbox_new_rows;
+        ELSIF TG_OP = 'DELETE' THEN
+            SELECT pg_catalog.count(*) INTO v_del FROM mailbox_old_rows;
+        ELSE
+            SELECT pg_catalog.count(*) INTO v_ins FROM mailbox_new_rows;
+            v_del := v_ins;
         END IF;
-        IF v_del > 0 THEN
-            SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) INTO v_deleted FROM mailbox_old_rows AS r;
+        IF v_ins + v_del = 0
+           AND (pg_catalog.current_setting('mailbox.outbox_skip_empty_delta', true) IS NULL
+                OR mailbox._setting_bool('outbox_skip_empty_delta', true)) THEN
+            RETURN NULL;
         END IF;
-        INSERT INTO mailbox._outbox_log (outbox_key, source, event_type, payload, inserted_count, deleted_count)
-        VALUES (v_key, v_source, TG_OP,
-                pg_catalog.jsonb_build_object('v', 1, 'source', v_source, 'op', TG_OP,
-                                              'inserted', v_inserted, 'deleted', v_deleted),
-                v_ins, v_del);
-    ELSE
-        INSERT INTO mailbox._outbox_log
-            (outbox_key, source, event_type, payload, inserted_count, deleted_count, is_claim_check)
-        VALUES (v_key, v_source, TG_OP,
-                pg_catalog.jsonb_build_object('v', 1, 'claim_check', true, 'source', v_source, 'op', TG_OP,
-                                              'inserted_count', v_ins, 'deleted_count', v_del),
-                v_ins, v_del, true)
-        RETURNING _id INTO v_row;
-        -- old rows first, then new ones: applying them in row_num order replays the statement
-        IF v_del > 0 THEN
-            INSERT INTO mailbox._outbox_delta_rows (outbox_key, row_key, row_num, op, payload)
-            SELECT v_key, v_row, pg_catalog.row_number() OVER (), 'D', pg_catalog.to_jsonb(r)
-              FROM mailbox_old_rows AS r;
+        IF v_threshold IS NULL THEN
+            v_threshold := CASE WHEN pg_catalog.current_setting('mailbox.outbox_inline_threshold_rows', true) IS NULL
+                                THEN 10000
+                                ELSE mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647) END;
         END IF;
-        IF v_ins > 0 THEN
-            INSERT INTO mailbox._outbox_delta_rows (outbox_key, row_key, row_num, op, payload)
-            SELECT v_key, v_row, v_del + pg_catalog.row_number() OVER (), 'I', pg_catalog.to_jsonb(r)
-              FROM mailbox_new_rows AS r;
+        IF v_ins + v_del <= v_threshold THEN
+            IF v_ins > 0 THEN
+                SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) INTO v_inserted FROM mailbox_new_rows AS r;
+            END IF;
+            IF v_del > 0 THEN
+                SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)) INTO v_deleted FROM mailbox_old_rows AS r;
+            END IF;
+            INSERT INTO mailbox.%2$I (outbox_key, source, event_type, payload, inserted_count, deleted_count)
+            VALUES (%1$s, v_source, TG_OP,
+                    pg_catalog.jsonb_build_object('v', 1, 'source', v_source, 'op', TG_OP,
+                                                  'inserted', v_inserted, 'deleted', v_deleted),
+                    v_ins, v_del);
+        ELSE
+            INSERT INTO mailbox.%2$I
+                (outbox_key, source, event_type, payload, inserted_count, deleted_count, is_claim_check)
+            VALUES (%1$s, v_source, TG_OP,
+                    pg_catalog.jsonb_build_object('v', 1, 'claim_check', true, 'source', v_source, 'op', TG_OP,
+                                                  'inserted_count', v_ins, 'deleted_count', v_del),
+                    v_ins, v_del, true)
+            RETURNING _id INTO v_row;
+            -- old rows first, then new ones: applying them in row_num order replays the statement
+            IF v_del > 0 THEN
+                INSERT INTO mailbox.%5$I (outbox_key, row_key, row_num, op, payload)
+                SELECT %1$s, v_row, pg_catalog.row_number() OVER (), 'D', pg_catalog.to_jsonb(r)
+                  FROM mailbox_old_rows AS r;
+            END IF;
+            IF v_ins > 0 THEN
+                INSERT INTO mailbox.%5$I (outbox_key, row_key, row_num, op, payload)
+                SELECT %1$s, v_row, v_del + pg_catalog.row_number() OVER (), 'I', pg_catalog.to_jsonb(r)
+                  FROM mailbox_new_rows AS r;
+            END IF;
         END IF;
     END IF;
+    -- unset (NULL) means on; the common spellings are read here, anything else goes through
+    -- the strict parser, which raises for a bad value
     v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
     IF v_notify IS NULL OR v_notify IN ('on', 'true')
        OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
-        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', v_name);
+        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', %3$s);
     END IF;
     RETURN NULL;
 END
+$body$,
+        p_key, 'outbox_' || p_name, pg_catalog.quote_literal(p_name),
+        coalesce(p_threshold::text, 'NULL'), 'outbox_delta_rows_' || p_name);
+END
+$gen$;
+
+-- The name of outbox p_key's capture trigger function.
+CREATE FUNCTION mailbox._capture_function(p_key int)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_capture');
 $$;
 
--- The whole current content of a captured table as one full_refresh row. The SHARE lock makes
--- the count and the rows one consistent state and orders the snapshot against concurrent
--- writers: a write committed before it is in the snapshot, a later one lands after it.
-CREATE FUNCTION mailbox._write_snapshot(p_key int)
-RETURNS bigint
+-- (Re)creates outbox p_key's capture function for the current owner of its table, grants that
+-- owner what the function needs, and (re)installs the four statement triggers.
+CREATE FUNCTION mailbox._install_capture(p_key int)
+RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_outbox mailbox._outbox;
     v_table regclass;
-    v_source text;
-    v_threshold int;
-    v_count bigint;
-    v_rows jsonb;
-    v_row bigint;
+    v_owner regrole;
+    v_fn text := mailbox._capture_function(p_key);
 BEGIN
-    SELECT * INTO v_outbox FROM mailbox._outbox WHERE outbox_key = p_key;
-    IF v_outbox.source_rel IS NULL THEN
-        RAISE EXCEPTION 'outbox has no source table: %', v_outbox.outbox_name
-            USING ERRCODE = '55000', HINT = 'Snapshots are for outboxes made by mailbox.enable_outbox().';
-    END IF;
-    v_table := (SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.oid = v_outbox.source_rel);
-    IF v_table IS NULL THEN
-        RAISE EXCEPTION 'source table of outbox % no longer exists', v_outbox.outbox_name
-            USING ERRCODE = '55000', HINT = 'Drop the outbox with mailbox.drop_outbox().';
-    END IF;
-    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_source
-      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE c.oid = v_table;
-    v_threshold := coalesce(v_outbox.inline_threshold_rows,
-                            mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647));
+    SELECT * INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
+    SELECT c.oid, c.relowner INTO v_table, v_owner FROM pg_catalog.pg_class AS c WHERE c.oid = v_outbox.source_rel;
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql VOLATILE'
+        ' SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp AS %s',
+        v_fn, pg_catalog.quote_literal(mailbox._capture_function_sql(p_key, v_outbox.outbox_name,
+                                                                     v_outbox.inline_threshold_rows)));
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s() OWNER TO %s', v_fn, v_owner);
+    -- not an extension member (pg_dump must dump it with the table's triggers), but dropped
+    -- with the extension, triggers and all, like the partitions
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s() DEPENDS ON EXTENSION pg_mailbox', v_fn);
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s() IS %s', v_fn,
+                              pg_catalog.quote_literal('pg_mailbox capture of ' || v_table::text
+                                                       || ' into outbox ' || v_outbox.outbox_name
+                                                       || '; runs as the table''s owner'));
+    EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA mailbox TO %s', v_owner);
+    EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE mailbox._outbox_row_seq TO %s', v_owner);
+    EXECUTE pg_catalog.format(
+        'GRANT EXECUTE ON FUNCTION mailbox._setting_bool(text, boolean), mailbox._setting_int(text, int, int, int)'
+        ' TO %s', v_owner);
+    EXECUTE pg_catalog.format(
+        'GRANT INSERT (outbox_key, source, event_type, payload, inserted_count, deleted_count, is_claim_check,'
+        ' full_refresh), SELECT (_id) ON mailbox.%I TO %s', 'outbox_' || v_outbox.outbox_name, v_owner);
+    EXECUTE pg_catalog.format(
+        'GRANT INSERT (outbox_key, row_key, row_num, op, payload) ON mailbox.%I TO %s',
+        'outbox_delta_rows_' || v_outbox.outbox_name, v_owner);
 
-    PERFORM mailbox._check_table_privilege(v_table, 'SELECT', 'snapshot');
-    EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', v_table);
-    EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_table) INTO v_count;
-    IF v_count <= v_threshold THEN
-        EXECUTE pg_catalog.format(
-            'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(t)), pg_catalog.jsonb_build_array()) FROM %s AS t',
-            v_table) INTO v_rows;
-        INSERT INTO mailbox._outbox_log (outbox_key, source, event_type, payload, inserted_count, full_refresh)
-        VALUES (p_key, v_source, 'SNAPSHOT',
-                pg_catalog.jsonb_build_object('v', 1, 'source', v_source, 'op', 'SNAPSHOT', 'full_refresh', true,
-                                              'inserted', v_rows, 'deleted', pg_catalog.jsonb_build_array()),
-                v_count, true);
-    ELSE
-        INSERT INTO mailbox._outbox_log
-            (outbox_key, source, event_type, payload, inserted_count, is_claim_check, full_refresh)
-        VALUES (p_key, v_source, 'SNAPSHOT',
-                pg_catalog.jsonb_build_object('v', 1, 'claim_check', true, 'source', v_source, 'op', 'SNAPSHOT',
-                                              'full_refresh', true, 'inserted_count', v_count, 'deleted_count', 0),
-                v_count, true, true)
-        RETURNING _id INTO v_row;
-        EXECUTE pg_catalog.format(
-            'INSERT INTO mailbox._outbox_delta_rows (outbox_key, row_key, row_num, op, payload)'
-            ' SELECT $1, $2, pg_catalog.row_number() OVER (), ''I'', pg_catalog.to_jsonb(t) FROM %s AS t',
-            v_table) USING p_key, v_row;
-    END IF;
-    PERFORM mailbox._alert('outbox_full_refresh',
-                           pg_catalog.jsonb_build_object('outbox', v_outbox.outbox_name, 'source', v_source,
-                                                         'op', 'SNAPSHOT', 'rows', v_count));
-    PERFORM mailbox._notify_outbox(v_outbox.outbox_name);
-    RETURN v_count;
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_insert ON %s', v_table);
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_update ON %s', v_table);
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_delete ON %s', v_table);
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_truncate ON %s', v_table);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_update AFTER UPDATE ON %s'
+        ' REFERENCING OLD TABLE AS mailbox_old_rows NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS mailbox_old_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_capture_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+        v_table, v_fn);
 END
 $$;
 
-CREATE FUNCTION mailbox.outbox_snapshot(p_name text)
-RETURNS bigint
+-- Removes outbox p_key's capture triggers (when its table still exists) and function, and the
+-- grants _install_capture gave the table owner on the outbox's partitions (those go with the
+-- partitions; schema, sequence and parser grants stay, as other captured tables may need them).
+CREATE FUNCTION mailbox._remove_capture(p_key int)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_fn regprocedure := pg_catalog.to_regprocedure(mailbox._capture_function(p_key) || '()');
+    v_trigger record;
+BEGIN
+    IF v_fn IS NULL THEN
+        RETURN;
+    END IF;
+    FOR v_trigger IN
+        SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_catalog.pg_trigger AS t
+         WHERE t.tgfoid = v_fn AND NOT t.tgisinternal
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
+    END LOOP;
+    EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
+END
+$$;
+
+-- After ALTER TABLE ... OWNER TO on a captured table, its capture function still belongs to the
+-- old owner and refuses to run (55000) rather than run the new owner's code with the old
+-- owner's rights; this hands it to the new owner.
+CREATE FUNCTION mailbox.repair_outbox_capture(p_name text)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- reads the captured table and writes extension tables for mailbox_admin
+SECURITY DEFINER -- re-creates the capture function and triggers on the captured table for mailbox_admin
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int := mailbox._outbox_key(p_name);
+    v_rel oid;
+BEGIN
+    PERFORM mailbox._ddl_lock();
+    SELECT o.source_rel INTO v_rel FROM mailbox._outbox AS o WHERE o.outbox_key = v_key;
+    IF v_rel IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = v_rel) THEN
+        RAISE EXCEPTION 'outbox has no source table: %', p_name
+            USING ERRCODE = '55000', HINT = 'Only outboxes made by mailbox.enable_outbox() capture a table.';
+    END IF;
+    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, TRIGGER', 'capture');
+    PERFORM mailbox._remove_capture(v_key);
+    PERFORM mailbox._install_capture(v_key);
+END
+$$;
+COMMENT ON FUNCTION mailbox.repair_outbox_capture(text) IS
+'re-create an outbox''s capture for its table''s current owner (after ALTER TABLE ... OWNER TO)';
+
+-- Full-refresh rows (TRUNCATE captured, snapshots) raise outbox_full_refresh. A trigger on the
+-- shared log (cloned to every outbox partition), so a capture function running as the table's
+-- owner needs no right on the alert log; it fires only for full_refresh rows.
+CREATE FUNCTION mailbox._alert_full_refresh()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- writes the alert log for whoever wrote a full-refresh row; reads only that row
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    RETURN mailbox._write_snapshot(mailbox._outbox_key(p_name));
+    PERFORM mailbox._alert('outbox_full_refresh',
+                           pg_catalog.jsonb_build_object(
+                               'outbox', (SELECT o.outbox_name FROM mailbox._outbox AS o
+                                           WHERE o.outbox_key = new.outbox_key),
+                               'source', new.source, 'op', new.event_type, 'rows', new.inserted_count));
+    RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION mailbox.outbox_snapshot(text) IS
-'write the captured table''s whole content as one full_refresh SNAPSHOT row; returns its row count';
+CREATE TRIGGER mailbox_full_refresh_alert AFTER INSERT ON mailbox._outbox_log
+FOR EACH ROW WHEN (new.full_refresh) EXECUTE FUNCTION mailbox._alert_full_refresh();

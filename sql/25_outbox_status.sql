@@ -30,7 +30,8 @@ SELECT o.outbox_name,
        'mailbox.' || pg_catalog.quote_ident('outbox_' || o.outbox_name) AS outbox_table,
        o.source_rel IS NULL
            OR (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
-                WHERE t.tgrelid = o.source_rel AND t.tgfoid = 'mailbox._capture()'::pg_catalog.regprocedure
+                WHERE t.tgrelid = o.source_rel
+                  AND t.tgfoid = pg_catalog.to_regprocedure(mailbox._capture_function(o.outbox_key) || '()')
                   AND t.tgenabled <> 'D') = 4
            AS enabled,
        o.retention_hours,

@@ -8,15 +8,23 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA mailbox FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     mailbox.create_outbox(text, int, int),
     mailbox.enable_outbox(text, int, int, text, boolean),
-    mailbox._enable_outbox(oid, int, int, text, boolean),
+    mailbox._enable_outbox(oid, int, int, text),
     mailbox.disable_outbox(text, boolean),
     mailbox.drop_outbox(text, boolean),
     mailbox.outbox_snapshot(text),
+    mailbox._snapshot_begin(text),
+    mailbox._snapshot_write(int, bigint, jsonb),
+    mailbox._snapshot_append(int, bigint, bigint, jsonb),
+    mailbox.repair_outbox_capture(text),
+    mailbox.grant_outbox(text, regrole, text),
+    mailbox.revoke_outbox(text, regrole, text),
+    mailbox.grant_inbox(text, regrole, text),
+    mailbox.revoke_inbox(text, regrole, text),
     mailbox.outbox_status(text),
     mailbox.create_consumer_group(text, text, text),
     mailbox.drop_consumer_group(text, boolean)
 TO mailbox_admin;
-GRANT SELECT ON mailbox.outboxes, mailbox.alert_log TO mailbox_admin;
+GRANT SELECT ON mailbox.outboxes, mailbox.alert_log, mailbox.object_grants TO mailbox_admin;
 
 -- mailbox_producer: publishing
 GRANT EXECUTE ON FUNCTION

@@ -1,0 +1,127 @@
+"""Per-object grants: grant_outbox / revoke_outbox / grant_inbox / revoke_inbox and the
+object_grants view (the checks in each data-plane function have their own tests)."""
+
+import psycopg
+import pytest
+from mbx import drop_role, make_role, raises, rows, scalar
+
+
+@pytest.fixture
+def role(db):
+    name = make_role(db, "mailbox_consumer")
+    yield name
+    drop_role(db, name)
+
+
+def test_grant_and_revoke_outbox(db, role):
+    db.execute("SELECT mailbox.create_outbox('events')")
+    db.execute("SELECT mailbox.grant_outbox('events', %s, 'consume')", [role])
+    db.execute("SELECT mailbox.grant_outbox('events', %s, 'consume')", [role])  # idempotent
+    db.execute("SELECT mailbox.grant_outbox('events', %s, 'publish')", [role])
+    assert rows(
+        db,
+        "SELECT object_kind, object_name, grantee::text, privilege"
+        " FROM mailbox.object_grants ORDER BY 4",
+    ) == [
+        ("outbox", "events", role, "consume"),
+        ("outbox", "events", role, "publish"),
+    ]
+    db.execute("SELECT mailbox.revoke_outbox('events', %s, 'consume')", [role])
+    db.execute(
+        "SELECT mailbox.revoke_outbox('events', %s, 'consume')", [role]
+    )  # nothing left: no-op
+    assert rows(db, "SELECT privilege FROM mailbox.object_grants") == [("publish",)]
+
+
+def test_grant_and_revoke_inbox(db, role):
+    db.execute("SELECT mailbox.create_inbox('orders_in')")
+    db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'process')", [role])
+    assert rows(db, "SELECT object_kind, object_name, privilege FROM mailbox.object_grants") == [
+        ("inbox", "orders_in", "process")
+    ]
+    db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'process')", [role])
+    assert scalar(db, "SELECT count(*) FROM mailbox.object_grants") == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "sqlstate"),
+    [
+        ("mailbox.grant_outbox('events', {role}, 'receive')", "22023"),
+        ("mailbox.grant_outbox('events', {role}, 'PUBLISH')", "22023"),
+        ("mailbox.grant_outbox('events', {role}, NULL)", "22004"),
+        ("mailbox.grant_outbox('events', NULL, 'publish')", "22004"),
+        ("mailbox.grant_outbox('nope', {role}, 'publish')", "42704"),
+        ("mailbox.grant_outbox(NULL, {role}, 'publish')", "22004"),
+        ("mailbox.grant_outbox('events', 'no_such_role', 'publish')", "42704"),
+        ("mailbox.revoke_outbox('nope', {role}, 'publish')", "42704"),
+        ("mailbox.grant_inbox('orders_in', {role}, 'consume')", "22023"),
+        ("mailbox.grant_inbox('nope', {role}, 'receive')", "42704"),
+        ("mailbox.revoke_inbox('orders_in', {role}, 'publish')", "22023"),
+    ],
+)
+def test_bad_grants_are_refused_and_write_nothing(db, role, call, sqlstate):
+    db.execute("SELECT mailbox.create_outbox('events')")
+    db.execute("SELECT mailbox.create_inbox('orders_in')")
+    with raises(sqlstate):
+        db.execute("SELECT " + call.format(role=f"'{role}'"))
+    assert scalar(db, "SELECT count(*) FROM mailbox._object_grant") == 0
+
+
+def test_dropping_an_object_forgets_its_grants(db, role):
+    db.execute("SELECT mailbox.create_outbox('events')")
+    db.execute("SELECT mailbox.grant_outbox('events', %s, 'publish')", [role])
+    db.execute("SELECT mailbox.drop_outbox('events')")
+    db.execute("SELECT mailbox.create_outbox('events')")  # a new outbox of that name starts open
+    assert scalar(db, "SELECT count(*) FROM mailbox._object_grant") == 0
+
+
+def test_only_admins_grant(db, connect, role):
+    db.execute("SELECT mailbox.create_outbox('events')")
+    conn = connect()
+    conn.execute(f'SET ROLE "{role}"')
+    for call in ("grant_outbox", "revoke_outbox"):
+        with raises("42501"):
+            conn.execute(f"SELECT mailbox.{call}('events', %s, 'consume')", [role])
+    with raises("42501"):
+        conn.execute("SELECT * FROM mailbox.object_grants")
+
+
+def test_authorize_rule(db, connect, role):
+    """_authorize: open without grants; then grantees (also through membership) and admins."""
+    db.execute("SELECT mailbox.create_outbox('events')")
+    key = scalar(db, "SELECT outbox_key FROM mailbox._outbox")
+    # a definer function like pg_mailbox's own, so the check runs as the extension owner
+    # while the caller is the SET ROLE role
+    db.execute(
+        "CREATE FUNCTION public.probe(int, text) RETURNS void LANGUAGE sql SECURITY DEFINER"
+        " AS $$ SELECT mailbox._authorize('outbox', $1, $2) $$"
+    )
+    member = make_role(db, role)
+    admin = make_role(db, "mailbox_admin")
+    other = make_role(db, "mailbox_consumer")
+
+    def allowed(who, privilege):
+        conn = connect()
+        conn.execute(f'SET ROLE "{who}"')
+        try:
+            conn.execute("SELECT public.probe(%s, %s)", [key, privilege])
+        except psycopg.errors.InsufficientPrivilege as e:
+            assert "events" in str(e) and privilege in str(e)
+            return False
+        return True
+
+    try:
+        assert all(
+            allowed(who, "consume") for who in (role, member, admin, other)
+        )  # no grant: open
+        db.execute("SELECT mailbox.grant_outbox('events', %s, 'consume')", [role])
+        assert allowed(role, "consume")
+        assert allowed(member, "consume")  # membership in a grantee counts
+        assert allowed(admin, "consume") and allowed(admin, "publish")
+        assert not allowed(other, "consume")
+        assert not allowed(role, "publish")  # one privilege does not imply the other
+        db.execute("SELECT mailbox.revoke_outbox('events', %s, 'consume')", [role])
+        assert allowed(other, "consume")  # no grant left: open again
+    finally:
+        for name in (member, admin, other):
+            drop_role(db, name)
