@@ -83,7 +83,10 @@ BEGIN
         -- Three parts in (_xid, _id) order, each an index range scan with plain conditions
         -- (a row comparison would displace the other conditions from the index bounds):
         -- the rest of the cursor's transaction, the other transactions in progress at
-        -- S_prev, then the xid range new since S_prev.
+        -- S_prev, then the xid range new since S_prev. The second part probes the index once
+        -- per xid: written as _xid = ANY (v_xip), a cached generic plan kept the order by
+        -- turning the array into a filter over every row of the outbox, for every chunk --
+        -- numbering cost grew with the square of the backlog (docs/design.md §3).
         v_seq_xmax := pg_catalog.pg_snapshot_xmax(v_seq);
         v_win_xmax := pg_catalog.pg_snapshot_xmax(v_win);
         v_xip := ARRAY(SELECT x FROM pg_catalog.pg_snapshot_xip(v_seq) AS x
@@ -95,9 +98,14 @@ BEGIN
                 WHERE l.outbox_key = p_key AND l._xid = v_xid AND l._id > v_id
                 ORDER BY l._xid, l._id LIMIT v_want)
               UNION ALL
-              (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
-                WHERE l.outbox_key = p_key AND l._xid = ANY (v_xip)
-                ORDER BY l._xid, l._id LIMIT v_want)
+              (SELECT x._xid, x._id
+                 FROM pg_catalog.unnest(v_xip) AS t (xid)
+                CROSS JOIN LATERAL (
+                    SELECT l._xid, l._id FROM mailbox._outbox_log AS l
+                     WHERE l.outbox_key = p_key AND l._xid = t.xid
+                     ORDER BY l._id LIMIT v_want
+                ) AS x
+                ORDER BY 1, 2 LIMIT v_want)
               UNION ALL
               (SELECT l._xid, l._id FROM mailbox._outbox_log AS l
                 WHERE l.outbox_key = p_key

@@ -283,3 +283,30 @@ def test_rows_consumed_rejects_a_group_of_another_outbox(big):
             "SELECT mailbox.outbox_rows_consumed('t', %s, 'g_other')", [last_offset(db, "t")]
         )
     assert "consumer group g_other does not read outbox t" in str(info.value)
+
+
+def test_numbering_reads_each_row_a_bounded_number_of_times(db):
+    """Numbering is linear in the backlog, whatever plan PL/pgSQL caches: a generic plan once
+    filtered `_xid = ANY (in-progress xids)` over every row of the outbox for every chunk."""
+    db.execute("SELECT mailbox.create_outbox('lin')")
+    db.execute("SELECT mailbox.create_consumer_group('lin_g', 'lin', 'earliest')")
+    for start in range(0, 30000, 1000):
+        db.execute(
+            "SELECT count(*) FROM mailbox.outbox_publish_batch('lin',"
+            " ARRAY(SELECT jsonb_build_object('i', g) FROM generate_series(%s::int, %s::int) g))",
+            [start, start + 999],
+        )
+    db.execute("SELECT pg_stat_force_next_flush()")
+
+    def tuples_read():
+        db.execute("SELECT pg_stat_force_next_flush()")
+        return scalar(
+            db,
+            "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
+            " WHERE schemaname = 'mailbox' AND relname = 'outbox_lin'",
+        )
+
+    before = tuples_read()
+    assert scalar(db, "SELECT lag FROM mailbox.consumer_lag('lin_g')") == 30000  # 30 chunks
+    read = tuples_read() - before
+    assert read <= 3 * 30000, f"numbering 30000 rows read {read} index tuples"
