@@ -322,13 +322,16 @@ SELECT r.rolname::text,
 
 
 # What capturing a table gives the table's owner, by design (docs/security.md, "Whose rights
-# run what"): its own capture function (SECURITY DEFINER, so the owner's casts run with the
-# owner's rights) and what that function needs -- INSERT (and SELECT of _id) on the columns of
-# its own outbox's two partitions, USAGE on the schema and the row sequence, EXECUTE on the
-# setting parsers. Only these may appear, only for the owner, and only for its own outbox
+# run what"): its own capture function and snapshot row reader (SECURITY DEFINER, so the
+# owner's casts run with the owner's rights) and what they need -- INSERT (and SELECT of _id)
+# on the columns of its own outbox's two partitions, USAGE on the schema and the row sequence,
+# EXECUTE on the setting parsers, SELECT of two columns of the wake-up table. Only these may
+# appear, only for the owner, and only for its own outbox
 # ("cap"); test_table_owner_capture_rights_reach_nothing_else probes what they allow.
 CAPTURE_RIGHTS = re.compile(
     r"o function mailbox\._outbox_\d+_capture\(\)"
+    r"|o function mailbox\._outbox_\d+_rows\(regclass\)"
+    r"|a column (outbox_key|waiting_until) of table mailbox\._outbox_waiter"
     r"|a schema mailbox"
     r"|a sequence mailbox\._outbox_row_seq"
     r"|a function mailbox\._setting_bool\(text,boolean\)"
@@ -391,6 +394,11 @@ class Arena:
         db, n = self.db, self.names
         _create_login_role(db, n["atk"], *ROLE_GRANTS[self.attacker_role])
         _create_login_role(db, n["ops"], "mailbox_admin")
+        if self.site == "rls_policy":
+            # a snapshot holds the whole table: a caller that row-level security restricts
+            # is refused (test_outbox_snapshot_is_refused_to_a_caller_restricted_by_row_security),
+            # so the victim admin who takes them here may see every row
+            db.execute(f'ALTER ROLE "{n["ops"]}" BYPASSRLS')
         _create_login_role(db, n["prod"], "mailbox_producer")
         _create_login_role(db, n["cons"], "mailbox_consumer")
         db.execute("CREATE SCHEMA guard")
@@ -962,28 +970,32 @@ def test_outbox_snapshot_requires_select(db, owner_and_admin, held):
     assert capture_log(db, "sec") == []
 
 
-def test_outbox_snapshot_reads_only_the_rows_the_caller_may_see(db, owner_and_admin):
-    """Row-level security holds for the caller of outbox_snapshot (snapshot runs with the
-    caller's rights): an admin with SELECT on a table whose policy hides rows from it gets a
-    snapshot without those rows, whether taken by enable_outbox or by outbox_snapshot."""
+def test_outbox_snapshot_is_refused_to_a_caller_restricted_by_row_security(db, owner_and_admin):
+    """A snapshot holds the whole table (it is read by the table owner's function, so the
+    owner's casts never run with the caller's rights): an admin with SELECT on a table whose
+    policy hides rows from it gets 42501, whether through enable_outbox or outbox_snapshot,
+    and no row of the table reaches an outbox."""
     owner, admin = owner_and_admin
     _as(db, owner, "INSERT INTO v.secret VALUES (2, %s, 'visible to the admin')", [admin])
     _as(db, owner, "ALTER TABLE v.secret ENABLE ROW LEVEL SECURITY")
     _as(db, owner, "CREATE POLICY own_rows ON v.secret USING (who = current_user)")
     db.execute(f'GRANT SELECT, TRIGGER ON v.secret TO "{admin}"')
     assert _as(db, admin, "SELECT id FROM v.secret") == [(2,)]
-    _as(
-        db,
-        admin,
-        "SELECT mailbox.enable_outbox('v.secret', p_outbox_name => 'sec',"
-        " p_initial_snapshot => true)",
-    )
-    assert _as(db, admin, "SELECT mailbox.outbox_snapshot('sec')") == [(1,)]
-    payloads = [
-        r[0] for r in rows(db, "SELECT payload::text FROM mailbox._outbox_log ORDER BY _id")
-    ]
-    assert len(payloads) == 2
-    assert all("old secret" not in p and "visible to the admin" in p for p in payloads), payloads
+    with raises("42501") as info:
+        _as(
+            db,
+            admin,
+            "SELECT mailbox.enable_outbox('v.secret', p_outbox_name => 'sec',"
+            " p_initial_snapshot => true)",
+        )
+    assert "row-level security" in _error_text(info.value)
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox") == 0
+    _as(db, admin, "SELECT mailbox.enable_outbox('v.secret', p_outbox_name => 'sec')")
+    with raises("42501"):
+        _as(db, admin, "SELECT mailbox.outbox_snapshot('sec')")
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_log") == 0
+    # the owner takes the whole table
+    assert _as(db, owner, "SELECT mailbox.outbox_snapshot('sec')") == [(2,)]
 
 
 # ---------------------------------------------------------------------------------------------
