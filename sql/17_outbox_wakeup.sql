@@ -38,3 +38,16 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
                     WHERE w.outbox_key = p_key AND w.waiting_until > pg_catalog.now());
 $$;
+
+-- Maintenance forgets waits that expired (a consumer that stopped polling, or one whose id
+-- changes with every restart), so the producers' check stays one short index range.
+CREATE FUNCTION mailbox._forget_expired_waiters()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._outbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;

@@ -145,3 +145,17 @@ def test_snapshots_and_batches_wake_a_waiting_consumer(listener, connect):
     producer.execute("SELECT mailbox.outbox_publish_batch('b', ARRAY['{}']::jsonb[])")
     producer.execute("SELECT mailbox.outbox_snapshot('t')")
     assert sorted(drain(listener)) == [("mailbox_outbox_new", "b"), ("mailbox_outbox_new", "t")]
+
+
+def test_maintenance_forgets_expired_waits(db):
+    db.execute("SELECT mailbox.create_outbox('a')")
+    db.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 1")
+    wait_on(db, "a", "gone")
+    db.execute("RESET mailbox.consumer_heartbeat_timeout_seconds")
+    wait_on(db, "a", "alive")
+    time.sleep(1.2)
+    assert (
+        db.execute("SELECT mailbox.run_maintenance()->>'consumer_waits_expired'").fetchone()[0]
+        == "1"
+    )
+    assert db.execute("SELECT consumer_id FROM mailbox._outbox_waiter").fetchall() == [("alive",)]
