@@ -242,9 +242,19 @@ AS $$
 DECLARE
     v_fn regprocedure := pg_catalog.to_regprocedure(mailbox._capture_function(p_key) || '()');
     v_trigger record;
+    v_old_owner regrole;
+    v_name text := (SELECT o.outbox_name FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
 BEGIN
     IF v_fn IS NULL THEN
         RETURN;
+    END IF;
+    -- the old owner's rights on this outbox's partitions go with its function (unless it owns
+    -- the partitions: the extension owner capturing its own table)
+    v_old_owner := (SELECT p.proowner FROM pg_catalog.pg_proc AS p WHERE p.oid = v_fn);
+    IF v_old_owner <> (SELECT c.relowner FROM pg_catalog.pg_class AS c
+                        WHERE c.oid = pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_' || v_name))) THEN
+        EXECUTE pg_catalog.format('REVOKE ALL ON mailbox.%I, mailbox.%I FROM %s',
+                                  'outbox_' || v_name, 'outbox_delta_rows_' || v_name, v_old_owner);
     END IF;
     FOR v_trigger IN
         SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_catalog.pg_trigger AS t

@@ -163,7 +163,25 @@ def test_capture_refuses_to_run_for_a_new_owner_until_repaired(db, connect, tena
     conn = as_role(connect, tenant)
     conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
     db.execute("INSERT INTO orders VALUES (1)")
-    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_orders") == 1
+    # and back: the previous owner keeps no right on the outbox
+    db.execute("CREATE ROLE first_owner")
+    try:
+        db.execute(f'GRANT first_owner TO "{tenant}"')
+        db.execute("ALTER TABLE orders OWNER TO first_owner")
+        conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+        db.execute(f'ALTER TABLE orders OWNER TO "{tenant}"')
+        conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+        db.execute("INSERT INTO orders VALUES (2)")
+        assert not scalar(
+            db, "SELECT has_any_column_privilege('first_owner', 'mailbox.outbox_orders', 'INSERT')"
+        )
+        assert scalar(
+            db, "SELECT has_any_column_privilege(%s, 'mailbox.outbox_orders', 'INSERT')", [tenant]
+        )
+    finally:
+        db.execute("DROP OWNED BY first_owner")
+        db.execute("DROP ROLE first_owner")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_orders") == 2
     owner = scalar(
         db,
         "SELECT proowner::regrole::text FROM pg_proc WHERE proname LIKE '\\_outbox\\_%\\_capture'",
