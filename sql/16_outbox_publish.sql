@@ -56,10 +56,12 @@ BEGIN
     VALUES (v_key, p_event_type, p_key, p_headers, p_payload)
     RETURNING event_id INTO v_event;
     -- unset (NULL) means on; the common spellings are read here, anything else goes through
-    -- the strict parser, which raises for a bad value
+    -- the strict parser, which raises for a bad value. Only while a consumer waits (part 17).
     v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-    IF v_notify IS NULL OR v_notify IN ('on', 'true')
-       OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
+    IF (v_notify IS NULL OR v_notify IN ('on', 'true')
+        OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)))
+       AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
+                    WHERE w.outbox_key = v_key AND w.waiting_until > pg_catalog.now()) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
     END IF;
     RETURN v_event;

@@ -68,6 +68,11 @@ BEGIN
         RETURN 0;
     END IF;
     v_was_open := v_win;
+    IF pg_catalog.pg_snapshot_xmax(v_seq) = '2'::xid8 THEN
+        -- restored from a dump: its transaction ids are another cluster's (part 10)
+        v_total := mailbox._rebase_restored_outbox(p_key);
+        SELECT o.head_offset, o.seq_snapshot INTO v_head, v_seq FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
+    END IF;
     LOOP
         v_fresh := v_win IS NULL;
         IF v_fresh THEN

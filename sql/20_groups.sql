@@ -34,6 +34,7 @@ CREATE TABLE mailbox._consumer (
     PRIMARY KEY (group_name, consumer_id)
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE mailbox._consumer IS 'pg_mailbox: consumers of each group, registered by their first poll';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._consumer', '');
 
 -- Offset ranges taken from a consumer after its lease expired: its next commit covering
 -- one warns 'lease lost'; a range it takes back later is removed, so that commit does not.
@@ -51,6 +52,7 @@ CREATE TABLE mailbox._lost_lease (
 );
 COMMENT ON TABLE mailbox._lost_lease IS
 'pg_mailbox: offset ranges taken over from a consumer, for its lease-lost warning';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lost_lease', '');
 
 CREATE TABLE mailbox._lease (
     group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
@@ -63,6 +65,7 @@ CREATE TABLE mailbox._lease (
 ) WITH (fillfactor = 70);
 CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
 COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lease', '');
 
 -- A group by name, locked for the caller's change, or 42704.
 CREATE FUNCTION mailbox._lock_group(p_group text)

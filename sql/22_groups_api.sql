@@ -133,6 +133,10 @@ BEGIN
             v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
         END IF;
         IF v_head < v_first THEN
+            -- nothing to deliver: this consumer now waits for a wake-up (part 17)
+            INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
+            VALUES (v_group.outbox_key, p_group, p_consumer, v_now + mailbox._heartbeat_timeout())
+            ON CONFLICT (outbox_key, group_name, consumer_id) DO UPDATE SET waiting_until = excluded.waiting_until;
             RETURN;
         END IF;
         v_last := least(v_head, v_first + p_batch_size - 1);
@@ -172,6 +176,9 @@ BEGIN
      WHERE c.outbox_key = v_group.outbox_key AND NOT c.dense
        AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
      ORDER BY 1;
+    -- a busy consumer needs no wake-up: producers stop notifying (no write when not waiting)
+    DELETE FROM mailbox._outbox_waiter AS w
+     WHERE w.outbox_key = v_group.outbox_key AND w.group_name = p_group AND w.consumer_id = p_consumer;
 END
 $$;
 COMMENT ON FUNCTION mailbox.poll_outbox(text, text, int, int) IS
