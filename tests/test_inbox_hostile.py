@@ -7,6 +7,9 @@ make itself superuser, take roles, write a schema it may not write, take ownersh
 objects and read a table it may not read, swallowing every error so that only a success is
 observable. Each API call is made by the attacker when its mailbox role allows, otherwise by
 an ordinary member of the role that may; run_maintenance by the superuser (as pg_cron does).
+The tenant owns the inbox's generated functions, so two cases also ALTER them as an owner may:
+SECURITY INVOKER with its own search_path (they must refuse to run: 42501), and its own
+search_path alone (its operators and types then run as itself).
 """
 
 import psycopg
@@ -22,6 +25,7 @@ HOOKS = (
     "type_cast",
     "rls_policy",
     "tampered_functions",
+    "retargeted_search_path",
 )
 ROLES = ("admin", "producer", "consumer", "none")
 
@@ -117,6 +121,8 @@ CREATE OPERATOR hostile.= (LEFTARG = text, RIGHTARG = text, FUNCTION = hostile.e
 CREATE DOMAIN hostile.text AS pg_catalog.text CHECK (hostile.hook_imm(VALUE));""",
 }
 
+TABLE["retargeted_search_path"] = TABLE["tampered_functions"]
+
 TAMPER = """
 DO $$
 DECLARE
@@ -125,7 +131,9 @@ BEGIN
     FOR f IN SELECT p.oid FROM pg_proc AS p
               WHERE p.proowner = current_user::regrole AND p.pronamespace = 'mailbox'::regnamespace
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER', f);
+        IF {invoker} THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER', f);
+        END IF;
         EXECUTE format('ALTER FUNCTION %s SET search_path = hostile, pg_catalog, mailbox', f);
     END LOOP;
 END
@@ -175,7 +183,9 @@ def run_scenario(db, connect, tenants, hook, role):
     db.execute("CREATE TABLE locked.secret (x int)")
     db.execute(f'CREATE SCHEMA hostile AUTHORIZATION "{attacker}"')
     db.execute("GRANT USAGE ON SCHEMA hostile TO PUBLIC")
-    options = "-c search_path=hostile,pg_catalog,mailbox" if hook == "tampered_functions" else ""
+    tampering = hook in ("tampered_functions", "retargeted_search_path")
+    tamper = TAMPER.replace("{invoker}", str(hook == "tampered_functions").lower())
+    options = "-c search_path=hostile,pg_catalog,mailbox" if tampering else ""
     me = connect(user=attacker, options=options)
     me.execute(HOOK_FUNCTION.replace("{a}", f'"{attacker}"'))
     me.execute(TABLE[hook].replace("{cols}", COLUMNS))
@@ -192,8 +202,8 @@ def run_scenario(db, connect, tenants, hook, role):
     failures = []
 
     def call(kind, sql, params=None):
-        if hook == "tampered_functions":
-            me.execute(TAMPER)
+        if tampering:
+            me.execute(tamper)
         conn = db if kind == "superuser" else conns[kind]
         try:
             return conn.execute(sql, params).fetchall()
@@ -247,6 +257,8 @@ def test_a_table_owner_gains_nothing_through_any_inbox_call(db, connect, tenants
         assert "42501" in states and states <= {"42501", "55000"}, failures
     else:
         # the calls work, and the tenant's code ran as the tenant: the hook was exercised
+        # (retargeted_search_path: still SECURITY DEFINER, so the tenant's operators and
+        # types that its search_path puts first run as the tenant)
         assert failures == []
         assert fired_as == [tenants["attacker"]]
         assert drained[0][0]["inbox_processed_drained"] >= 1
