@@ -51,6 +51,7 @@ DECLARE
     v_page jsonb[] := '{}';
     v_count bigint := 0;
     v_row bigint;
+    v_reader regprocedure;
 BEGIN
     SELECT * INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_key = mailbox._outbox_key(p_name);
     IF v_outbox.source_rel IS NULL THEN
@@ -78,6 +79,20 @@ BEGIN
     v_threshold := coalesce(v_outbox.inline_threshold_rows,
                             mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647));
     EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', v_rel);
+    -- The table owner owns its row reader and may ALTER it (SECURITY INVOKER would make this
+    -- call run the owner's casts as the extension owner). Lock its catalog row, which holds off
+    -- any ALTER FUNCTION until this transaction ends, then check it is still a definer function
+    -- of the table's owner.
+    v_reader := pg_catalog.to_regprocedure(mailbox._rows_function(v_outbox.outbox_key) || '(regclass)');
+    PERFORM 1 FROM pg_catalog.pg_proc AS p WHERE p.oid = v_reader FOR SHARE;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_class AS c ON c.oid = v_rel
+                    WHERE p.oid = v_reader AND p.prosecdef AND p.proowner = c.relowner) THEN
+        RAISE EXCEPTION 'snapshot reader of outbox % is missing or was altered', v_outbox.outbox_name
+            USING ERRCODE = '55000',
+                  DETAIL = 'It must be a SECURITY DEFINER function owned by the table''s owner.',
+                  HINT = pg_catalog.format('SELECT mailbox.repair_outbox_capture(%s);',
+                                           pg_catalog.quote_literal(v_outbox.outbox_name));
+    END IF;
 
     -- rows up to the threshold are kept for an inline row; past it, the claim-check row is
     -- written and the rows follow in pages of 1,000, so memory stays bounded

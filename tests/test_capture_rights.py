@@ -229,3 +229,24 @@ def test_capture_needs_select_and_trigger(db, connect, tenant, held, missing):
         conn.execute("SELECT mailbox.enable_outbox('public.secret')")
     assert f"lacks {missing}" in str(info.value)
     assert scalar(db, "SELECT count(*) FROM mailbox._outbox") == 0
+
+
+def test_an_owner_who_alters_its_row_reader_gets_no_snapshot(db, connect, tenant):
+    """The owner owns its snapshot row reader and may ALTER it; made SECURITY INVOKER it would
+    run the owner's casts as the extension owner, so the snapshot refuses it."""
+    conn = as_role(connect, tenant)
+    conn.execute(EVIL_CAST)
+    conn.execute("INSERT INTO orders VALUES (1, 'ok')")
+    conn.execute("SELECT mailbox.enable_outbox('public.orders')")
+    reader = scalar(
+        db, "SELECT oid::regprocedure::text FROM pg_proc WHERE proname LIKE '\\_outbox\\_%\\_rows'"
+    )
+    conn.execute(f"ALTER FUNCTION {reader} SECURITY INVOKER")
+    with raises("55000") as info:
+        db.execute("SELECT mailbox.outbox_snapshot('orders')")
+    assert "repair_outbox_capture" in str(info.value)
+    assert scalar(db, "SELECT count(*) FROM ran_as") == 0
+    assert_not_superuser(db, tenant)
+    conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+    assert scalar(db, "SELECT mailbox.outbox_snapshot('orders')") == 1
+    assert rows(db, "SELECT DISTINCT who FROM ran_as") == [(tenant,)]
