@@ -1,0 +1,290 @@
+"""Adversarial review of issue 7's outbox side (capture rights, snapshot row readers,
+per-object authority, the restart rule, wake-ups). Findings that still hold are marked
+xfail(strict=True) with the finding as reason; the other tests pin what was tried and held.
+"""
+
+import select
+import time
+
+import psycopg
+import pytest
+from groups import commit, poll, publish
+from mbx import drop_role, make_role, raises, rows, scalar
+
+
+@pytest.fixture
+def roles(db):
+    made = []
+
+    def _make(*grants):
+        made.append(make_role(db, *grants))
+        return made[-1]
+
+    yield _make
+    for name in reversed(made):
+        drop_role(db, name)
+
+
+def as_role(connect, role):
+    conn = connect()
+    conn.execute(f'SET ROLE "{role}"')
+    return conn
+
+
+def is_superuser(db, role):
+    return scalar(db, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", [role])
+
+
+def outbox_key(db, name):
+    return scalar(db, "SELECT outbox_key FROM mailbox._outbox WHERE outbox_name = %s", [name])
+
+
+def captured_table(db, connect, owner, schema="ts", table="items"):
+    """owner's table schema.table, captured by the superuser into outbox <table>."""
+    db.execute(f'CREATE SCHEMA {schema} AUTHORIZATION "{owner}"')
+    conn = as_role(connect, owner)
+    conn.execute(f"CREATE TABLE {schema}.{table} (id int PRIMARY KEY)")
+    conn.execute(f"INSERT INTO {schema}.{table} VALUES (1)")
+    db.execute("SELECT mailbox.enable_outbox(%s)", [f"{schema}.{table}"])
+    return conn
+
+
+# An operator = (oid, oid) that tries to make its owner superuser. The generated row reader's
+# owner check is `relowner IS DISTINCT FROM (role oid)`; IS DISTINCT FROM resolves "=" through
+# the search_path, which the function's owner may change with ALTER FUNCTION ... SET.
+HIJACK_EQ = """
+CREATE FUNCTION ts.eq(oid, oid) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    BEGIN
+        EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', '{role}');
+    EXCEPTION WHEN OTHERS THEN NULL;
+    END;
+    -- true for the owner check (role oids), the real answer for the pg_class lookup
+    RETURN $1 OPERATOR(pg_catalog.=) $2
+        OR EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) $1);
+END
+$f$;
+CREATE OPERATOR ts.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = ts.eq);
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1: a table owner makes its mailbox._outbox_<k>_rows() SECURITY INVOKER with"
+    " its own search_path; outbox_snapshot then runs it as the extension owner and the"
+    " owner's '=' operator (used by IS DISTINCT FROM in the owner check) runs as superuser",
+)
+@pytest.mark.parametrize("caller", ["self", "superuser"])
+def test_row_reader_altered_by_its_owner_never_runs_as_superuser(db, connect, roles, caller):
+    tenant = roles("mailbox_admin")  # mailbox_admin is what the issue's attacker held
+    conn = captured_table(db, connect, tenant)
+    key = outbox_key(db, "items")
+    conn.execute(HIJACK_EQ.replace("{role}", tenant))
+    # the owner of a function may change these without any right on schema mailbox
+    conn.execute(
+        f"ALTER FUNCTION mailbox._outbox_{key}_rows(regclass)"
+        " SECURITY INVOKER SET search_path = ts, pg_catalog"
+    )
+    try:
+        (conn if caller == "self" else db).execute("SELECT mailbox.outbox_snapshot('items')")
+    except psycopg.Error:
+        pass  # refusing is the fix; what matters is the role below
+    assert is_superuser(db, tenant) is False
+
+
+# A cast to json that runs mailbox calls as whoever runs it (current_user: the table owner,
+# inside its capture function). {call} is the SQL it runs.
+BORROWING_CAST = """
+CREATE TYPE ts.flag AS ENUM ('on', 'off');
+CREATE FUNCTION ts.flag_json(ts.flag) RETURNS json LANGUAGE plpgsql AS $f$
+BEGIN
+    BEGIN
+        PERFORM {call};
+    EXCEPTION WHEN insufficient_privilege THEN
+        RAISE WARNING 'refused: %', SQLERRM;
+    END;
+    RETURN pg_catalog.to_json($1::text);
+END
+$f$;
+CREATE CAST (ts.flag AS json) WITH FUNCTION ts.flag_json(ts.flag);
+CREATE TABLE ts.shared (id int, f ts.flag);
+"""
+
+
+@pytest.fixture
+def drop_casts(db):
+    yield
+    db.execute("DROP CAST IF EXISTS (ts.flag AS json)")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2: _caller() is the session's role (session_user / SET ROLE), not the role"
+    " whose code calls: a table owner's code running in someone else's session (its capture"
+    " function, SECURITY DEFINER as the owner) passes _authorize with that session's grants",
+)
+def test_table_owner_code_cannot_borrow_a_writers_consume_grant(db, connect, roles, drop_casts):
+    tenant = roles("mailbox_consumer")  # may call seek_offset, holds no grant on 'pay'
+    payteam = roles("mailbox_consumer")
+    db.execute("SELECT mailbox.create_outbox('pay')")
+    db.execute("SELECT mailbox.create_consumer_group('pay_g', 'pay', 'earliest')")
+    db.execute("SELECT mailbox.grant_outbox('pay', %s, 'consume')", [payteam])
+    publish(db, "pay", 3)
+    # the tenant on its own is refused
+    tconn = as_role(connect, tenant)
+    with raises("42501"):
+        tconn.execute("SELECT mailbox.seek_offset('pay_g', 'intruder', NULL)")
+
+    db.execute(f'CREATE SCHEMA ts AUTHORIZATION "{tenant}"')
+    tconn.execute(BORROWING_CAST.replace("{call}", "mailbox.seek_offset('pay_g', 'intruder', NULL)"))
+    db.execute("SELECT mailbox.enable_outbox('ts.shared')")
+    tconn.execute(f'GRANT USAGE ON SCHEMA ts TO "{payteam}"')
+    tconn.execute(f'GRANT INSERT ON ts.shared TO "{payteam}"')
+    # a member of the pay team writes the tenant's (shared, captured) table
+    as_role(connect, payteam).execute("INSERT INTO ts.shared VALUES (1, 'on')")
+    # the pay team's group must still deliver its three rows
+    assert len(poll(as_role(connect, payteam), "pay_g", "pay-0")) == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2b: the same confusion passes _check_table_privilege with the session's"
+    " rights: a mailbox_admin tenant's code, run while a superuser writes its table, captures"
+    " a table the tenant may not read",
+)
+def test_table_owner_code_cannot_borrow_a_writers_table_privileges(db, connect, roles, drop_casts):
+    tenant = roles("mailbox_admin")
+    hr = roles()
+    db.execute(f'CREATE SCHEMA hr AUTHORIZATION "{hr}"')
+    hconn = as_role(connect, hr)
+    hconn.execute("CREATE TABLE hr.salaries (who text, amount int)")
+    tconn = as_role(connect, tenant)
+    with raises("42501"):
+        tconn.execute("SELECT mailbox.enable_outbox('hr.salaries')")
+
+    db.execute(f'CREATE SCHEMA ts AUTHORIZATION "{tenant}"')
+    # (enable_outbox resolves the name with the caller's rights; the oid goes straight in)
+    steal = (
+        "mailbox._enable_outbox((SELECT c.oid FROM pg_catalog.pg_class AS c"
+        " WHERE c.relname = 'salaries'), 24, NULL, NULL)"
+    )
+    tconn.execute(BORROWING_CAST.replace("{call}", steal))
+    tconn.execute("SELECT mailbox.enable_outbox('ts.shared')")
+    db.execute("INSERT INTO ts.shared VALUES (1, 'on')")  # e.g. a superuser's data fix
+    hconn.execute("INSERT INTO hr.salaries VALUES ('ceo', 1000000)")
+    # what the tenant reads: a table it may not SELECT, through the outbox it may
+    stolen = tconn.execute("SELECT payload FROM mailbox.outbox_salaries").fetchall()
+    assert stolen == []
+
+
+@pytest.fixture
+def group20(db):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
+    publish(db, "e", 20)
+    return db
+
+
+def offsets(got):
+    return [r[0] for r in got]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3: two live processes sharing one consumer id (or a restarted consumer and"
+    " its not-yet-dead predecessor): one takes over another consumer's expired lease BELOW the"
+    " batch the other holds, and the other's commit of its own batch acknowledges it",
+)
+def test_a_shared_id_never_acknowledges_a_takeover_it_was_not_given(group20, connect):
+    other = connect()
+    assert offsets(poll(other, "g", "pod-9", 5, visibility=1)) == [1, 2, 3, 4, 5]
+    w2 = connect()
+    assert offsets(poll(w2, "g", "pod-0", 5)) == [6, 7, 8, 9, 10]
+    time.sleep(1.2)  # pod-9 dies: its lease on 1-5 expires
+    w1 = connect()
+    # the lowest lease that is expired or pod-0's own: pod-9's 1-5, below w2's batch
+    assert offsets(poll(w1, "g", "pod-0", 5, visibility=1)) == [1, 2, 3, 4, 5]
+    # w2 processed exactly 6-10 and commits the last offset it received ...
+    acked = commit(w2, "g", "pod-0", 10)
+    w1.close()  # ... and w1 crashes before processing 1-5
+    time.sleep(1.2)
+    redelivered = offsets(poll(connect(), "g", "pod-1", 20))
+    assert (acked, redelivered[:5]) == (5, [1, 2, 3, 4, 5])
+
+
+@pytest.fixture
+def idle_group(db):
+    db.execute("SELECT mailbox.create_outbox('w')")
+    db.execute("SELECT mailbox.create_consumer_group('wg', 'w', 'earliest')")
+    return db
+
+
+def listener(connect):
+    conn = connect()
+    conn.execute("LISTEN mailbox_outbox_new")
+    return conn
+
+
+def wakeups(conn, wait):
+    return [n.payload for n in conn.notifies(timeout=wait, stop_after=1)]
+
+
+def test_wakeup_race_window_exists_and_the_second_poll_catches_it(idle_group, connect):
+    """docs/outbox.md "Wake-ups": a producer that checked for waiters before the consumer's
+    empty poll committed, and commits just after that poll read, does not notify; the
+    relay-style second poll a few milliseconds later finds its row."""
+    listen = listener(connect)
+    producer = connect(autocommit=False)
+    consumer = connect()
+    producer.execute("SELECT mailbox.outbox_publish('w', '{\"n\": 1}')")  # no waiter yet
+    assert poll(consumer, "wg", "c-1") == []  # the row is not committed: the consumer waits
+    assert scalar(idle_group, "SELECT count(*) FROM mailbox._outbox_waiter") == 1
+    producer.commit()
+    assert wakeups(listen, 0.5) == []  # the window: committed, but nobody was told
+    # the relay polls once more shortly after an empty poll
+    assert [r[1] for r in poll(consumer, "wg", "c-1")] == [{"n": 1}]
+    assert commit(consumer, "wg", "c-1", 1) == 1
+    # and once a consumer waits, a producer that starts afterwards does notify
+    assert poll(consumer, "wg", "c-1") == []
+    publish(idle_group, "w", 1)
+    assert wakeups(listen, 2) == ["w"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 4: producers decide to notify when they publish, not when they commit: a"
+    " producer transaction that keeps working after its publish and commits after the"
+    " consumer's empty poll AND its relay-style second poll never wakes it (the window is the"
+    " rest of the producer's transaction, not an instant)",
+)
+def test_a_producer_committing_after_the_second_poll_still_wakes_the_waiter(idle_group, connect):
+    listen = listener(connect)
+    producer = connect(autocommit=False)
+    consumer = connect()
+    producer.execute("SELECT mailbox.outbox_publish('w', '{\"n\": 1}')")
+    assert poll(consumer, "wg", "c-1") == []
+    time.sleep(0.01)
+    assert poll(consumer, "wg", "c-1") == []  # the relay's second poll: still nothing
+    producer.execute("SELECT pg_sleep(0.05)")  # the producer's transaction goes on a little
+    producer.commit()
+    # the consumer now sleeps for its poll interval although a row is there
+    assert wakeups(listen, 1) == ["w"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 5: a waiter row outlives its consumer: drop_consumer_group (and reaping)"
+    " leave it, and its lifetime comes from the poller's own session setting"
+    " mailbox.consumer_heartbeat_timeout_seconds (up to 1000 days), so one empty poll can make"
+    " every producer of the outbox notify (and lose group commit) long after the consumer left",
+)
+def test_a_waiter_does_not_outlive_its_consumer(idle_group, connect):
+    consumer = connect()
+    consumer.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 86400000")
+    assert poll(consumer, "wg", "c-1") == []
+    consumer.close()
+    idle_group.execute("SELECT mailbox.drop_consumer_group('wg')")
+    idle_group.execute("SELECT mailbox.run_maintenance()")
+    listen = listener(connect)
+    publish(idle_group, "w", 1)
+    assert wakeups(listen, 0.5) == []
