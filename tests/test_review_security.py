@@ -288,3 +288,25 @@ def test_a_waiter_does_not_outlive_its_consumer(idle_group, connect):
     listen = listener(connect)
     publish(idle_group, "w", 1)
     assert wakeups(listen, 0.5) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 6: after ALTER TABLE ... OWNER TO and repair_outbox_capture, the OLD owner"
+    " keeps INSERT on the outbox's partitions (and USAGE on the row sequence) and can still"
+    " forge events into the outbox of a table it no longer owns or may write",
+)
+def test_a_former_table_owner_cannot_write_the_outbox_after_repair(db, connect, roles):
+    old, new = roles(), roles()
+    conn = captured_table(db, connect, old)
+    db.execute(f'ALTER TABLE ts.items OWNER TO "{new}"')
+    db.execute(f'GRANT USAGE ON SCHEMA ts TO "{new}"')
+    db.execute("SELECT mailbox.repair_outbox_capture('items')")
+    as_role(connect, new).execute("INSERT INTO ts.items VALUES (2)")  # capture works again
+    key = outbox_key(db, "items")
+    with raises("42501"):
+        conn.execute(
+            "INSERT INTO mailbox.outbox_items (outbox_key, source, event_type, payload)"
+            " VALUES (%s, 'ts.items', 'DELETE', '{\"deleted\": [{\"id\": 2}]}')",
+            [key],
+        )
