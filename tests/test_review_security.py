@@ -3,13 +3,12 @@ per-object authority, the restart rule, wake-ups). Findings that still hold are 
 xfail(strict=True) with the finding as reason; the other tests pin what was tried and held.
 """
 
-import select
 import time
 
 import psycopg
 import pytest
 from groups import commit, poll, publish
-from mbx import drop_role, make_role, raises, rows, scalar
+from mbx import drop_role, make_role, raises, scalar
 
 
 @pytest.fixture
@@ -121,11 +120,16 @@ def drop_casts(db):
     strict=True,
     reason="finding 2: _caller() is the session's role (session_user / SET ROLE), not the role"
     " whose code calls: a table owner's code running in someone else's session (its capture"
-    " function, SECURITY DEFINER as the owner) passes _authorize with that session's grants",
+    " function or row reader, SECURITY DEFINER as the owner) passes _authorize with that"
+    " session's grants",
 )
-def test_table_owner_code_cannot_borrow_a_writers_consume_grant(db, connect, roles, drop_casts):
+@pytest.mark.parametrize("path", ["capture", "admin_snapshot"])
+def test_table_owner_code_cannot_borrow_a_sessions_consume_grant(
+    db, connect, roles, drop_casts, path
+):
     tenant = roles("mailbox_consumer")  # may call seek_offset, holds no grant on 'pay'
     payteam = roles("mailbox_consumer")
+    admin = roles("mailbox_admin")
     db.execute("SELECT mailbox.create_outbox('pay')")
     db.execute("SELECT mailbox.create_consumer_group('pay_g', 'pay', 'earliest')")
     db.execute("SELECT mailbox.grant_outbox('pay', %s, 'consume')", [payteam])
@@ -136,12 +140,22 @@ def test_table_owner_code_cannot_borrow_a_writers_consume_grant(db, connect, rol
         tconn.execute("SELECT mailbox.seek_offset('pay_g', 'intruder', NULL)")
 
     db.execute(f'CREATE SCHEMA ts AUTHORIZATION "{tenant}"')
-    tconn.execute(BORROWING_CAST.replace("{call}", "mailbox.seek_offset('pay_g', 'intruder', NULL)"))
+    tconn.execute(
+        BORROWING_CAST.replace("{call}", "mailbox.seek_offset('pay_g', 'intruder', NULL)")
+    )
     db.execute("SELECT mailbox.enable_outbox('ts.shared')")
-    tconn.execute(f'GRANT USAGE ON SCHEMA ts TO "{payteam}"')
+    for role in (payteam, admin):
+        tconn.execute(f'GRANT USAGE ON SCHEMA ts TO "{role}"')
     tconn.execute(f'GRANT INSERT ON ts.shared TO "{payteam}"')
-    # a member of the pay team writes the tenant's (shared, captured) table
-    as_role(connect, payteam).execute("INSERT INTO ts.shared VALUES (1, 'on')")
+    tconn.execute(f'GRANT SELECT ON ts.shared TO "{admin}"')
+    if path == "capture":
+        # a member of the pay team writes the tenant's (shared, captured) table
+        as_role(connect, payteam).execute("INSERT INTO ts.shared VALUES (1, 'on')")
+    else:
+        # the tenant's own row; an admin snapshots the table (the row reader runs as the
+        # tenant, docs/security.md, and its cast calls pg_mailbox as the admin)
+        tconn.execute("INSERT INTO ts.shared VALUES (1, 'on')")  # as itself: refused, warned
+        as_role(connect, admin).execute("SELECT mailbox.outbox_snapshot('shared')")
     # the pay team's group must still deliver its three rows
     assert len(poll(as_role(connect, payteam), "pay_g", "pay-0")) == 3
 
