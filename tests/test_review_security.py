@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 from groups import commit, poll, publish
-from mbx import drop_role, make_role, raises, scalar
+from mbx import drop_role, make_role, raises, rows, scalar
 
 
 @pytest.fixture
@@ -324,3 +324,65 @@ def test_a_former_table_owner_cannot_write_the_outbox_after_repair(db, connect, 
             " VALUES (%s, 'ts.items', 'DELETE', '{\"deleted\": [{\"id\": 2}]}')",
             [key],
         )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 7: grant_outbox accepts regrole 0 ('-'), which names no role: the outbox"
+    " silently closes to everyone but mailbox_admin instead of 22023",
+)
+def test_grant_outbox_refuses_the_null_role_oid(db, roles):
+    db.execute("SELECT mailbox.create_outbox('p')")
+    with raises("22023"):
+        db.execute("SELECT mailbox.grant_outbox('p', '-', 'publish')")
+
+
+def test_the_caller_cannot_be_claimed_through_the_role_setting(db, connect, roles):
+    """_caller() reads the 'role' setting: it can only name a role the session may become
+    (set_config, SET LOCAL and ALTER ROLE ... SET role all go through PostgreSQL's check)."""
+    stranger = roles("mailbox_producer")
+    payteam = roles("mailbox_producer")
+    db.execute("SELECT mailbox.create_outbox('pay')")
+    db.execute("SELECT mailbox.grant_outbox('pay', %s, 'publish')", [payteam])
+    db.execute(f'ALTER ROLE "{stranger}" LOGIN')
+    conn = connect(user=stranger)
+    for claim in (
+        f"SELECT set_config('role', '{payteam}', false)",
+        f"SELECT set_config('role', '{payteam}', true)",
+        f'SET SESSION AUTHORIZATION "{payteam}"',
+    ):
+        with raises("42501"):
+            conn.execute(claim)
+    with raises("42501"):
+        conn.execute("SELECT mailbox.outbox_publish('pay', '{}')")
+    # a role setting stored for the stranger's login is not applied (not a member)
+    db.execute(f'ALTER ROLE "{stranger}" SET role = "{payteam}"')
+    login = connect(user=stranger)
+    assert scalar(login, "SELECT current_setting('role')") == "none"
+    with raises("42501"):
+        login.execute("SELECT mailbox.outbox_publish('pay', '{}')")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_pay") == 0
+
+
+def test_no_tenant_reaches_the_outbox_catalog_or_its_restore_marking(db, connect, roles):
+    """The restore-marking trigger on mailbox._outbox resets an outbox's numbering state for
+    whatever row is inserted; nobody but the extension owner may insert (or update) there."""
+    tenant = roles()
+    admin = roles("mailbox_admin", "mailbox_producer", "mailbox_consumer")
+    captured_table(db, connect, tenant)
+    db.execute("SELECT mailbox.outbox_publish('items', '{}')")
+    before = rows(db, "SELECT outbox_key, seq_snapshot::text, head_offset FROM mailbox._outbox")
+    for role in (tenant, admin):
+        conn = as_role(connect, role)
+        for sql in (
+            "INSERT INTO mailbox._outbox (outbox_name, retention_hours) VALUES ('x', 1)",
+            "UPDATE mailbox._outbox SET seq_snapshot = '2:2:'",
+            "SELECT mailbox._rebase_restored_outbox(1)",
+            "SELECT mailbox._outbox_mark_restored()",
+            "COPY mailbox._outbox (outbox_name, retention_hours) FROM STDIN",
+        ):
+            with raises("42501"):
+                conn.execute(sql)
+    assert rows(db, "SELECT outbox_key, seq_snapshot::text, head_offset FROM mailbox._outbox") == (
+        before
+    )
