@@ -386,3 +386,21 @@ def test_no_tenant_reaches_the_outbox_catalog_or_its_restore_marking(db, connect
     assert rows(db, "SELECT outbox_key, seq_snapshot::text, head_offset FROM mailbox._outbox") == (
         before
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 8: the usual way to remove a role (REASSIGN OWNED BY old TO new; DROP OWNED"
+    " BY old) leaves a captured table whose every write fails, the superuser's included, with"
+    " a bare 42501 'permission denied for schema mailbox' (DROP OWNED took the capture grants;"
+    " REASSIGN moved the functions) instead of 55000 naming repair_outbox_capture",
+)
+def test_reassign_and_drop_owned_leave_a_capture_that_says_how_to_repair(db, connect, roles):
+    old = make_role(db)
+    new = roles()
+    captured_table(db, connect, old).close()
+    db.execute(f'REASSIGN OWNED BY "{old}" TO "{new}"')
+    db.execute(f'DROP OWNED BY "{old}"')
+    db.execute(f'DROP ROLE "{old}"')
+    with raises("55000"):
+        db.execute("INSERT INTO ts.items VALUES (2)")
