@@ -404,3 +404,21 @@ def test_reassign_and_drop_owned_leave_a_capture_that_says_how_to_repair(db, con
     db.execute(f'DROP ROLE "{old}"')
     with raises("55000"):
         db.execute("INSERT INTO ts.items VALUES (2)")
+
+
+def test_a_row_reader_reads_only_its_owners_table(db, connect, roles):
+    """The table owner owns mailbox._outbox_<k>_rows(regclass) and may call it on any table:
+    it refuses every table its owner does not own, readable or not."""
+    tenant, other = roles(), roles()
+    conn = captured_table(db, connect, tenant)
+    key = outbox_key(db, "items")
+    db.execute(f'CREATE SCHEMA os AUTHORIZATION "{other}"')
+    db.execute("CREATE TABLE os.open (secret text)")
+    db.execute("CREATE TABLE os.closed (secret text)")
+    db.execute("INSERT INTO os.open VALUES ('a'); INSERT INTO os.closed VALUES ('b')")
+    db.execute(f'GRANT USAGE ON SCHEMA os TO "{tenant}"')
+    db.execute(f'GRANT SELECT ON os.open TO "{tenant}"')
+    for table in ("os.open", "os.closed", "mailbox._outbox", "pg_catalog.pg_authid"):
+        with raises("55000"):
+            conn.execute(f"SELECT * FROM mailbox._outbox_{key}_rows(%s::regclass)", [table])
+    assert rows(conn, f"SELECT * FROM mailbox._outbox_{key}_rows('ts.items')") == [({"id": 1},)]
