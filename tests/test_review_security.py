@@ -416,6 +416,7 @@ def test_a_row_reader_reads_only_its_owners_table(db, connect, roles):
     db.execute("CREATE TABLE os.open (secret text)")
     db.execute("CREATE TABLE os.closed (secret text)")
     db.execute("INSERT INTO os.open VALUES ('a'); INSERT INTO os.closed VALUES ('b')")
+    db.execute(f'ALTER TABLE os.open OWNER TO "{other}"; ALTER TABLE os.closed OWNER TO "{other}"')
     db.execute(f'GRANT USAGE ON SCHEMA os TO "{tenant}"')
     db.execute(f'GRANT SELECT ON os.open TO "{tenant}"')
     for table in ("os.open", "os.closed", "mailbox._outbox", "pg_catalog.pg_authid"):
