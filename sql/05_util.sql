@@ -152,16 +152,63 @@ AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
 $$;
 
+-- Table owners' code that pg_mailbox itself runs on the owner's behalf while serving someone
+-- else (a snapshot's row reader, maintenance's inbox drains) runs as the owner, but in the
+-- session of whoever called pg_mailbox. While it runs, this transaction holds a row here, and
+-- mailbox._caller() refuses to name the session's role: that code must not borrow it for
+-- pg_mailbox's own checks (per-object grants, table privileges). Soft state: a row lives only
+-- as long as its transaction.
+CREATE UNLOGGED TABLE mailbox._owner_code_running (
+    backend_pid int NOT NULL,
+    xact_start timestamptz NOT NULL,
+    PRIMARY KEY (backend_pid, xact_start)
+);
+COMMENT ON TABLE mailbox._owner_code_running IS
+'pg_mailbox: transactions in which pg_mailbox runs a table owner''s code for another role';
+
+CREATE FUNCTION mailbox._owner_code_begin()
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    INSERT INTO mailbox._owner_code_running (backend_pid, xact_start)
+    VALUES (pg_catalog.pg_backend_pid(), pg_catalog.now())
+    ON CONFLICT DO NOTHING;
+$$;
+
+CREATE FUNCTION mailbox._owner_code_end()
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    DELETE FROM mailbox._owner_code_running AS r
+     WHERE r.backend_pid = pg_catalog.pg_backend_pid() AND r.xact_start = pg_catalog.now();
+$$;
+
 -- The role that called into pg_mailbox. Inside a SECURITY DEFINER function current_user is the
 -- extension owner, but SET ROLE (the 'role' setting) and session_user are untouched, so they
--- still name the caller. Used to make definer functions honour the caller's table privileges.
+-- still name the caller. Used to make definer functions honour the caller's table privileges
+-- and per-object grants. PostgreSQL does not tell a definer function who called it; so code
+-- of another role that runs in this session (a trigger of its own, say) is taken for the
+-- session's role, as it is by PostgreSQL's own SECURITY INVOKER triggers. The one case
+-- pg_mailbox adds, a table owner's code it runs itself on someone's behalf, is refused here.
 CREATE FUNCTION mailbox._caller()
 RETURNS name
-LANGUAGE sql STABLE SECURITY INVOKER
+LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN pg_catalog.current_setting('role') = 'none' THEN session_user
+BEGIN
+    IF EXISTS (SELECT FROM mailbox._owner_code_running AS r
+                WHERE r.backend_pid = pg_catalog.pg_backend_pid() AND r.xact_start = pg_catalog.now()) THEN
+        RAISE EXCEPTION 'permission denied: pg_mailbox is running a table owner''s code for role %', session_user
+            USING ERRCODE = '42501',
+                  DETAIL = 'A snapshot or maintenance runs the table''s casts, triggers and defaults as its owner; '
+                           'that code may not act with the rights of the session that called pg_mailbox.',
+                  HINT = 'Do not call pg_mailbox functions from triggers, casts or defaults of captured or inbox tables.';
+    END IF;
+    RETURN CASE WHEN pg_catalog.current_setting('role') = 'none' THEN session_user
                 ELSE pg_catalog.current_setting('role')::name END;
+END
 $$;
 
 -- 42501 unless the caller holds EVERY listed privilege on the table (has_table_privilege with a

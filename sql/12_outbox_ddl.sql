@@ -284,6 +284,7 @@ BEGIN
     -- the source may have been dropped already; its triggers went with it
     PERFORM mailbox._remove_capture(v_outbox.outbox_key);
     PERFORM mailbox._forget_grants('outbox', v_outbox.outbox_key);
+    DELETE FROM mailbox._outbox_waiter AS w WHERE w.outbox_key = v_outbox.outbox_key;
     DELETE FROM mailbox._claim_check_consumed WHERE outbox_key = v_outbox.outbox_key;
     PERFORM mailbox._lock_shared_log();
     EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', 'outbox_latest_' || p_name);

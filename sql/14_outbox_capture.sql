@@ -56,9 +56,15 @@ DECLARE
     v_row bigint;
     v_notify text;
 BEGIN
-    IF (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = TG_RELID)
-       IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user) THEN
-        RAISE EXCEPTION 'capture of %% runs as %%, which no longer owns it', v_source, current_user
+    -- operators spelled out: the owner may ALTER this function's search_path (it runs as
+    -- the owner then, but this check must mean what it says whoever it runs as)
+    -- (and it holds the grants capture gave it: REASSIGN OWNED moves the function too)
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
+                    WHERE c.oid OPERATOR(pg_catalog.=) TG_RELID AND r.oid OPERATOR(pg_catalog.=) c.relowner
+                      AND r.rolname OPERATOR(pg_catalog.=) current_user)
+       OR NOT pg_catalog.has_schema_privilege('mailbox', 'USAGE')
+       OR NOT pg_catalog.has_any_column_privilege(%6$s, 'INSERT') THEN
+        RAISE EXCEPTION 'capture of %% runs as %%, which does not own it or lacks its grants', v_source, current_user
             USING ERRCODE = '55000',
                   DETAIL = 'A captured table''s trigger function runs with its owner''s rights.',
                   HINT = 'A member of mailbox_admin runs SELECT mailbox.repair_outbox_capture('
@@ -136,7 +142,8 @@ BEGIN
 END
 $body$,
         p_key, 'outbox_' || p_name, pg_catalog.quote_literal(p_name),
-        coalesce(p_threshold::text, 'NULL'), 'outbox_delta_rows_' || p_name);
+        coalesce(p_threshold::text, 'NULL'), 'outbox_delta_rows_' || p_name,
+        pg_catalog.quote_literal('mailbox.' || pg_catalog.quote_ident('outbox_' || p_name)));
 END
 $gen$;
 

@@ -24,8 +24,11 @@ SET search_path = pg_catalog, pg_temp
 AS $gen$
     SELECT $body$
 BEGIN
-    IF (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = $1)
-       IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user) THEN
+    -- operators spelled out: the owner may ALTER this function's search_path (it runs as
+    -- the owner then, but this check must mean what it says whoever it runs as)
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class AS c, pg_catalog.pg_roles AS r
+                    WHERE c.oid OPERATOR(pg_catalog.=) $1 AND r.oid OPERATOR(pg_catalog.=) c.relowner
+                      AND r.rolname OPERATOR(pg_catalog.=) current_user) THEN
         RAISE EXCEPTION 'snapshot of % runs as %, which does not own it', $1, current_user
             USING ERRCODE = '55000',
                   HINT = 'A member of mailbox_admin runs mailbox.repair_outbox_capture() for its outbox.';
@@ -96,6 +99,7 @@ BEGIN
 
     -- rows up to the threshold are kept for an inline row; past it, the claim-check row is
     -- written and the rows follow in pages of 1,000, so memory stays bounded
+    PERFORM mailbox._owner_code_begin(); -- the reader runs the owner's casts in this session
     FOR v_item IN EXECUTE pg_catalog.format('SELECT * FROM %s($1)', mailbox._rows_function(v_outbox.outbox_key))
                   USING v_rel LOOP
         v_count := v_count + 1;
@@ -111,6 +115,7 @@ BEGIN
             v_page := '{}';
         END IF;
     END LOOP;
+    PERFORM mailbox._owner_code_end();
 
     IF v_row IS NULL THEN
         INSERT INTO mailbox._outbox_log (outbox_key, source, event_type, payload, inserted_count, full_refresh)

@@ -6,16 +6,20 @@
 -- is only useful to a consumer that is actually waiting, so producers notify only then:
 --
 --   * a poll that returns no rows records its consumer as waiting on the outbox (a row here,
---     expiring after mailbox.consumer_heartbeat_timeout_seconds unless the consumer polls
---     again); a poll that returns rows removes it: a busy consumer needs no wake-up;
+--     expiring after mailbox.consumer_heartbeat_timeout_seconds, at most 60 s, unless the
+--     consumer polls again); a poll that returns rows removes it, and so do dropping its
+--     group or outbox: a busy or gone consumer needs no wake-up;
 --   * a producer (outbox_publish, outbox_publish_batch, capture, snapshots) sends
 --     NOTIFY mailbox_outbox_new only while some consumer of the outbox is waiting.
 --
 -- Under load consumers are busy and no producer notifies; an idle consumer is woken by the
--- first commit after it went idle, in about a millisecond. One race remains: a producer that
--- checked just before a consumer's empty poll committed, and committed just after that poll
--- read, does not notify; the relay (and docs/consumer-groups.md's loop) polls once more a few
--- milliseconds after an empty poll, and otherwise the consumer's poll interval catches it.
+-- first commit after it went idle, in about a millisecond. One race remains: producers look
+-- for waiters when they write, not when they commit, so a producer that wrote before a
+-- consumer's empty poll committed and commits after that poll read does not notify. The
+-- relay (and docs/consumer-groups.md's loop) polls once more a few milliseconds after an
+-- empty poll, which catches the usual short producer transaction; a producer transaction
+-- that runs on longer is caught by the consumer's poll interval. Rows are never lost, only
+-- delivered up to one poll interval later.
 -- The table is UNLOGGED: it is soft state, rebuilt by the next empty poll after a crash.
 
 CREATE UNLOGGED TABLE mailbox._outbox_waiter (

@@ -236,6 +236,7 @@ BEGIN
     -- would take them the other way round)
     PERFORM FROM mailbox._consumer AS c WHERE c.group_name = p_name ORDER BY c.consumer_id FOR UPDATE;
     DELETE FROM mailbox._claim_check_consumed WHERE group_name = p_name;
+    DELETE FROM mailbox._outbox_waiter AS w WHERE w.group_name = p_name;
     DELETE FROM mailbox._consumer_group WHERE group_name = p_name;
     IF NOT FOUND THEN
         IF p_if_exists THEN

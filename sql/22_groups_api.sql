@@ -135,7 +135,8 @@ BEGIN
         IF v_head < v_first THEN
             -- nothing to deliver: this consumer now waits for a wake-up (part 17)
             INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
-            VALUES (v_group.outbox_key, p_group, p_consumer, v_now + mailbox._heartbeat_timeout())
+            VALUES (v_group.outbox_key, p_group, p_consumer,
+                    v_now + least(mailbox._heartbeat_timeout(), interval '60 seconds'))
             ON CONFLICT (outbox_key, group_name, consumer_id) DO UPDATE SET waiting_until = excluded.waiting_until;
             RETURN;
         END IF;
@@ -195,6 +196,7 @@ DECLARE
     v_delivered bigint;
     v_full bigint;
     v_partial bigint;
+    v_batch bigint;
 BEGIN
     PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     -- lock order as in poll_outbox: own consumer row, then the group row
@@ -222,16 +224,23 @@ BEGIN
                   HINT = 'Extend leases with mailbox.extend_lease() while a batch takes longer than its visibility timeout.';
     END IF;
 
+    -- A commit acknowledges one batch: this consumer's highest lease starting at or below the
+    -- offset. Two live processes under one id (a restart whose predecessor still runs, a
+    -- retried commit) may each hold a batch of that id; one's commit must not acknowledge the
+    -- other's lower batch, which it never received (docs/consumer-groups.md#restarts).
+    v_batch := (SELECT pg_catalog.max(l.first_offset) FROM mailbox._lease AS l
+                 WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.first_offset <= p_last_offset);
     WITH acked AS (
         DELETE FROM mailbox._lease AS l
-         WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.last_offset <= p_last_offset
+         WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.first_offset = v_batch
+           AND l.last_offset <= p_last_offset
         RETURNING l.last_offset - l.first_offset + 1 AS n
     )
     SELECT coalesce(pg_catalog.sum(n), 0) INTO v_full FROM acked;
     WITH cut AS (
         SELECT l.first_offset FROM mailbox._lease AS l
-         WHERE l.group_name = p_group AND l.consumer_id = p_consumer
-           AND l.first_offset <= p_last_offset AND l.last_offset > p_last_offset
+         WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.first_offset = v_batch
+           AND l.last_offset > p_last_offset
     ), moved AS (
         UPDATE mailbox._lease AS l SET first_offset = p_last_offset + 1
           FROM cut

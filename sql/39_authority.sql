@@ -87,6 +87,10 @@ DECLARE
     v_key int;
 BEGIN
     PERFORM mailbox._require(p_role, 'p_role');
+    IF p_role = 0 THEN
+        RAISE EXCEPTION 'invalid role for a grant: %', pg_catalog.quote_literal(p_role::text)
+            USING ERRCODE = '22023', HINT = 'p_role names an existing role (''-'' and 0 name none).';
+    END IF;
     PERFORM mailbox._require(p_privilege, 'p_privilege');
     IF NOT p_privilege = ANY (v_allowed) THEN
         RAISE EXCEPTION 'invalid % privilege: %', p_kind, pg_catalog.quote_literal(p_privilege)

@@ -10,6 +10,9 @@ from . import alerts, inbox_maintenance, outbox_maintenance
 # pg_mailbox's advisory lock namespace (see mailbox._ddl_lock): key 2 = maintenance
 LOCK_SQL = "SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 2) AS ok"
 
+OWNER_CODE_BEGIN_SQL = "SELECT mailbox._owner_code_begin()"
+OWNER_CODE_END_SQL = "SELECT mailbox._owner_code_end()"
+
 # truncate_drained runs last so its ACCESS EXCLUSIVE locks are held only until commit
 STEPS = (
     outbox_maintenance.run,
@@ -23,6 +26,9 @@ def run(plpy):
     if not plpy.execute(LOCK_SQL)[0]["ok"]:
         return {"skipped": True}
     result = {"skipped": False}
+    # the inbox steps run table owners' code (as those owners) in the caller's session
+    plpy.execute(OWNER_CODE_BEGIN_SQL)
     for step in STEPS:
         result.update(step(plpy))
+    plpy.execute(OWNER_CODE_END_SQL)
     return result
