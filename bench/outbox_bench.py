@@ -4,7 +4,7 @@ Everything runs against one server in one invocation; read the ratios, not the a
 rates (the baselines ran minutes apart on the same machine). The rules every cell follows:
 
 - A drain starts from a backlog no consumer has read: the clock covers pg_mailbox's
-  numbering (its first poll numbers the backlog, holding the sequencer lock).
+  numbering (polls number the rows they reach, under the outbox's sequencer lock).
 - Every system gets the same preparation: the same rows (payload built by the same SQL
   expression), published in transactions of `batch` rows, then CHECKPOINT before the clock;
   no VACUUM or ANALYZE for anyone; autovacuum as the server has it.
@@ -21,8 +21,9 @@ Sections (--sections, default all):
 - steady: producers at --rate msg/s for --steady-seconds while a relay keeps up (LISTEN
   mailbox_outbox_new, poll on wake-up, --fallback seconds without one): end-to-end msg/s,
   lag (consumer_lag sampled every second) and commit-to-consumer latency p50/p99.
-- latency: the first poll_outbox on an unread backlog (it numbers it), later polls, and
-  consumer_lag, at 10K and --big rows; commit -> LISTENing consumer's poll when idle.
+- latency: the first poll_outbox on an unread backlog, later polls, at 10K and --big rows;
+  the first consumer_lag (it numbers every row) and later ones; commit -> LISTENing
+  consumer's poll when idle.
 - retention: table + index bytes before and after draining --big rows and run_maintenance.
 - producer: pgbench, 8 clients: a transaction that inserts an order and an event into a
   plain table (baseline), calls outbox_publish, or inserts into a captured table.
@@ -274,7 +275,8 @@ def drain_section(dsn, args, out):
             " (caches as the loader left them);",
             "  payload returned as text; 1 round trip per batch (ack previous + fetch next +"
             " COMMIT); no VACUUM/ANALYZE",
-            "pg_mailbox: the clock includes numbering the backlog (first poll) and leases",
+            "pg_mailbox: the clock includes numbering the backlog (polls number the rows"
+            " they reach), leases and offset commits",
             "PgQ: a tick after each `batch` events while publishing (pgqd's job, outside the"
             " clock); events stored as text, the others store jsonb",
             "floor / SKIP LOCKED: autocommit statement per batch; the floor deletes, SKIP LOCKED"
@@ -510,8 +512,9 @@ def latency_section(dsn, args, out):
     body = []
     for size in (min(10000, args.big // 10), args.big):
         latency_backlog(dsn, size)
-        first, later = poll_latency(dsn, samples=min(301, size // 100))
-        body.append((f"first poll_outbox, unread backlog {size:,} (numbers it)", f"{first:.2f}"))
+        polls = min(301, size // 100)
+        first, later = poll_latency(dsn, samples=polls)
+        body.append((f"first poll_outbox, unread backlog {size:,}", f"{first:.2f}"))
         body.append(
             (
                 f"later poll_outbox, batch 100, backlog {size:,}",
@@ -522,9 +525,15 @@ def latency_section(dsn, args, out):
     ms = lag_latency(dsn)
     body.append(
         (
-            f"consumer_lag, {args.big:,} rows (numbered by then)",
-            f"{percentile(ms, 50):.2f}",
-            f"{percentile(ms, 95):.2f}",
+            f"first consumer_lag, {args.big:,} rows, {polls} x 100 polled (numbers the rest)",
+            f"{ms[0]:.2f}",
+        )
+    )
+    body.append(
+        (
+            f"later consumer_lag, {args.big:,} rows",
+            f"{percentile(ms[1:], 50):.2f}",
+            f"{percentile(ms[1:], 95):.2f}",
         )
     )
     ms = idle_latency(dsn, args.idle_samples)
@@ -539,7 +548,10 @@ def latency_section(dsn, args, out):
         "latency (ms; a single value is one call)",
         ("what", "p50", "p95"),
         [row + ("",) * (3 - len(row)) for row in body],
-        notes=["backlogs published in 1,000-row transactions, CHECKPOINT, no VACUUM/ANALYZE"],
+        notes=[
+            "backlogs published in 1,000-row transactions, CHECKPOINT, no VACUUM/ANALYZE;",
+            "  a poll numbers the rows it needs (at least 1,000), consumer_lag numbers them all",
+        ],
     )
 
 
@@ -731,15 +743,23 @@ def main():
         help=f"comma-separated subset of {','.join(SECTIONS)}",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; explicit options still win
+        parser.set_defaults(
+            rows=2000,
+            big_drain=4000,
+            big=5000,
+            rate=500,
+            steady_seconds=2,
+            txn_rows=5,
+            producers=2,
+            idle_samples=10,
+            pgbench_seconds=1,
+        )
     args = parser.parse_args()
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
-    if args.quick:
-        args.rows, args.big_drain, args.big = 2000, 4000, 5000
-        args.rate, args.steady_seconds, args.txn_rows, args.producers = 500, 2, 5, 2
-        args.idle_samples, args.pgbench_seconds = 10, 1
 
     cluster = None
     dsn = args.dsn
@@ -775,6 +795,7 @@ def run(dsn, args):
     }
     for name in SECTIONS:
         if name in args.sections:
+            progress(f"section {name}")
             sections[name](dsn, args, out)
     out.line(
         f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
