@@ -15,7 +15,7 @@ rates (the baselines ran minutes apart on the same machine). The rules every cel
 
 Sections (--sections, default all):
 
-- drain: an unread backlog of --rows (and --big-drain with --million) drained by one
+- drain: an unread backlog of --rows and of --big-drain rows (0: skip) drained by one
   consumer at batch 100 and 1000: pg_mailbox poll_outbox + commit_offset, the
   DELETE ... RETURNING floor, a SKIP LOCKED + UPDATE outbox, PgQ; ratios to the floor and PgQ.
 - steady: producers at --rate msg/s for --steady-seconds while a relay keeps up (LISTEN
@@ -28,7 +28,8 @@ Sections (--sections, default all):
 - producer: pgbench, 8 clients: a transaction that inserts an order and an event into a
   plain table (baseline), calls outbox_publish, or inserts into a captured table.
 
-Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--million] [--repeat 3]
+Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--big-drain 1000000]
+       [--repeat 3]
        [--rate 5000] [--steady-seconds 120] [--pgbench-seconds 15] [--sections ...] [--quick]
 Without --dsn a throwaway cluster is started (pg_mailbox.cluster) and removed afterwards.
 The server needs pg_mailbox and PgQ (Debian: postgresql-15-pgq3) installed.
@@ -239,7 +240,7 @@ def drain_once(dsn, system, rows, batch):
 
 
 def drain_section(dsn, args, out):
-    backlogs = [args.rows] + ([args.big_drain] if args.million else [])
+    backlogs = [args.rows] + ([args.big_drain] if args.big_drain else [])
     cells = [(rows, batch) for rows in backlogs for batch in (100, 1000)]
     rates = {(c, s): [] for c in cells for s in DRAIN_SYSTEMS}
     for _ in range(args.repeat):
@@ -724,8 +725,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="database with pg_mailbox (default: throwaway cluster)")
     parser.add_argument("--rows", type=int, default=100_000, help="drain backlog")
-    parser.add_argument("--million", action="store_true", help="also drain a --big-drain backlog")
-    parser.add_argument("--big-drain", type=int, default=1_000_000)
+    parser.add_argument(
+        "--big-drain", type=int, default=1_000_000, help="second drain backlog (0: skip it)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per drain cell")
     parser.add_argument("--big", type=int, default=1_000_000, help="latency/retention backlog")
     parser.add_argument("--rate", type=int, default=5000, help="steady state: offered msg/s")
@@ -746,7 +748,7 @@ def main():
     if parser.parse_known_args()[0].quick:  # smaller defaults; explicit options still win
         parser.set_defaults(
             rows=2000,
-            big_drain=4000,
+            big_drain=0,
             big=5000,
             rate=500,
             steady_seconds=2,
