@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import multiprocessing
 import os
 import platform
 import shlex
@@ -287,40 +288,15 @@ def drain_section(dsn, args, out):
 
 
 # ================================================================ steady state
-def steady_section(dsn, args, out):
-    """Producers publish at --rate while one relay keeps up; all of it against the clock."""
-    with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('steady', true)")
-        db.execute("SELECT mailbox.create_outbox('steady', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('steady_g', 'steady', 'earliest')")
-    committed_at: dict = {}  # event_id -> perf_counter right after the producer's COMMIT
-    received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
-    stop_producing = threading.Event()
-    stop_consuming = threading.Event()
-    stop_sampling = threading.Event()
-    lags: list[int] = []
-    errors: list[BaseException] = []
-    per_txn = args.txn_rows
-    interval = per_txn * args.producers / args.rate  # seconds between one producer's commits
-
-    def guarded(fn):
-        def run(*a):
-            try:
-                fn(*a)
-            except BaseException as exc:  # reported after the run
-                errors.append(exc)
-                stop_producing.set()
-                stop_consuming.set()
-                stop_sampling.set()
-
-        return run
-
-    @guarded
-    def produce(i):
+def steady_producer(dsn, i, per_txn, interval, start_at, stop_at, results):
+    """One producer process (no GIL shared with the relay): a transaction of per_txn rows
+    every `interval` seconds from start_at to stop_at; sends back (event_id, commit time)."""
+    try:
+        ids, times = [], []
         with connect(dsn, autocommit=False) as conn:
             n = 0
-            due = time.perf_counter() + i * interval / args.producers  # stagger producers
-            while not stop_producing.is_set():
+            due = start_at
+            while due < stop_at:
                 pause = due - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
@@ -332,11 +308,63 @@ def steady_section(dsn, args, out):
                         [i, n, n + per_txn - 1],
                     )
                     conn.commit()
-                now = time.perf_counter()
+                now = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
                 for (event_id,) in cur.fetchall():
-                    committed_at[event_id] = now
+                    ids.append(event_id)
+                    times.append(now)
                 n += per_txn
                 due += interval  # fixed schedule: a late commit does not move the next one
+        results.put((ids, times))
+    except BaseException as exc:
+        results.put(exc)
+
+
+def steady_section(dsn, args, out):
+    """Producers publish at --rate while one relay keeps up; all of it against the clock."""
+    with connect(dsn) as db:
+        db.execute("SELECT mailbox.drop_outbox('steady', true)")
+        db.execute("SELECT mailbox.create_outbox('steady', 0)")
+        db.execute("SELECT mailbox.create_consumer_group('steady_g', 'steady', 'earliest')")
+    received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
+    stop_consuming = threading.Event()
+    lags: list[int] = []
+    errors: list[BaseException] = []
+    per_txn = args.txn_rows
+    interval = per_txn * args.producers / args.rate  # seconds between one producer's commits
+
+    # producers are processes forked before any thread starts here, so that the relay's
+    # latency does not include waiting for the GIL behind a producer
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    start_at = time.perf_counter() + 1.0  # the relay is listening by then
+    stop_at = start_at + args.steady_seconds
+    procs = [
+        ctx.Process(
+            target=steady_producer,
+            args=(
+                dsn,
+                i,
+                per_txn,
+                interval,
+                start_at + i * interval / args.producers,  # staggered
+                stop_at,
+                results,
+            ),
+        )
+        for i in range(args.producers)
+    ]
+    for p in procs:
+        p.start()
+
+    def guarded(fn):
+        def run(*a):
+            try:
+                fn(*a)
+            except BaseException as exc:  # reported after the run
+                errors.append(exc)
+                stop_consuming.set()
+
+        return run
 
     @guarded
     def consume():
@@ -373,45 +401,49 @@ def steady_section(dsn, args, out):
     @guarded
     def sample():
         with connect(dsn) as conn:
-            while not stop_sampling.wait(1.0):
-                lag = conn.execute(
-                    "SELECT coalesce(max(lag), 0) FROM mailbox.consumer_lag('steady_g')"
-                ).fetchone()[0]
-                lags.append(lag)
+            while not stop_consuming.wait(1.0):
+                if start_at <= time.perf_counter() <= stop_at:
+                    lags.append(
+                        conn.execute(
+                            "SELECT coalesce(max(lag), 0) FROM mailbox.consumer_lag('steady_g')"
+                        ).fetchone()[0]
+                    )
 
-    producers = [threading.Thread(target=produce, args=(i,)) for i in range(args.producers)]
     consumer = threading.Thread(target=consume)
     sampler = threading.Thread(target=sample)
     consumer.start()
-    time.sleep(0.2)  # the relay is listening before the first commit
     sampler.start()
-    started = time.perf_counter()
-    for t in producers:
-        t.start()
-    time.sleep(args.steady_seconds)
-    stop_producing.set()
-    for t in producers:
-        t.join()
-    produced_for = time.perf_counter() - started
-    deadline = time.perf_counter() + 60
-    while len(received_at) < len(committed_at) and time.perf_counter() < deadline:
-        if errors:
-            break
-        time.sleep(0.05)
-    stop_sampling.set()
-    stop_consuming.set()
-    consumer.join()
-    sampler.join()
+    committed_at: dict = {}  # event_id -> perf_counter right after the producer's COMMIT
+    try:
+        for _ in procs:
+            got = results.get(timeout=args.steady_seconds + 120)
+            if isinstance(got, BaseException):
+                raise got
+            committed_at.update(zip(*got, strict=True))
+        for p in procs:
+            p.join()
+        deadline = time.perf_counter() + 60
+        while len(received_at) < len(committed_at) and time.perf_counter() < deadline:
+            if errors:
+                break
+            time.sleep(0.05)
+    finally:
+        stop_consuming.set()
+        consumer.join()
+        sampler.join()
+        for p in procs:
+            p.join(timeout=5)
     if errors:
         raise errors[0]
     missing = len(committed_at) - len(received_at.keys() & committed_at.keys())
     assert missing == 0, f"steady: {missing} committed events never reached the consumer"
     latencies = [(received_at[e] - committed_at[e]) * 1000 for e in committed_at]
-    end_to_end = len(committed_at) / (max(received_at.values()) - started)
+    published_for = max(committed_at.values()) - start_at
+    end_to_end = len(committed_at) / (max(received_at.values()) - start_at)
     late = sum(1 for x in latencies if x > args.fallback * 1000 / 2)
     body = [
         ("offered rate (msg/s)", f"{args.rate:,}"),
-        ("published (msg/s)", f"{len(committed_at) / produced_for:,.0f}"),
+        ("published (msg/s)", f"{len(committed_at) / published_for:,.0f}"),
         ("end-to-end (msg/s, first publish to last delivery)", f"{end_to_end:,.0f}"),
         ("messages", f"{len(committed_at):,}"),
         ("lag, rows: median / max of 1 s samples", f"{median(lags):,.0f} / {max(lags or [0]):,}"),
@@ -428,8 +460,8 @@ def steady_section(dsn, args, out):
         ("what", "value"),
         body,
         notes=[
-            "producers: outbox_publish_batch + COMMIT (one round trip) on a fixed schedule;"
-            " commit time taken when COMMIT returns",
+            "producers (one process each): outbox_publish_batch + COMMIT (one round trip) on a"
+            " fixed schedule; commit time taken when COMMIT returns",
             "relay: LISTEN mailbox_outbox_new, commit_offset + poll_outbox + COMMIT pipelined"
             f" until empty, then wait for a notify (fallback poll every {args.fallback:g} s)",
             "latency: consumer's poll returned minus producer's COMMIT returned, per event_id,"
