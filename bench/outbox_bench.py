@@ -44,6 +44,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -795,6 +796,8 @@ def main():
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
 
+    # a TERM (a timeout, kill) unwinds like an exception, so the throwaway cluster is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = None
     dsn = args.dsn
     if dsn is None:
