@@ -77,6 +77,39 @@ def percentile(samples, q):
     return samples[max(0, min(len(samples) - 1, int(round(q / 100 * len(samples))) - 1))]
 
 
+def drop_outbox(db, outbox):
+    """drop_outbox raises 55P03 while any session, autovacuum included, holds a lock on any
+    outbox's partition of the shared log (an autovacuum of a previous run's rows can outlast
+    its two seconds of NOWAIT retries, and NOWAIT never cancels it): retry for up to two
+    minutes, saying who was in the way. Always outside the clock."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            db.execute("SELECT mailbox.drop_outbox(%s, true)", [outbox])
+            return
+        except psycopg.errors.LockNotAvailable:
+            if time.monotonic() > deadline:
+                raise
+            holders = db.execute(
+                "SELECT string_agg(DISTINCT coalesce(a.backend_type, '?') || ': '"
+                " || left(coalesce(a.query, ''), 60), '; ')"
+                " FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+                " JOIN pg_class AS c ON c.oid = l.relation"
+                " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = 'mailbox' AND l.pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            progress(f"drop_outbox({outbox}) busy, retrying; lock holders: {holders}")
+            time.sleep(1)
+
+
+def reset_outbox(db, outbox, group=None, reset="earliest"):
+    """A new, empty outbox (retention 0) and, if given, a consumer group on it."""
+    drop_outbox(db, outbox)
+    db.execute("SELECT mailbox.create_outbox(%s, 0)", [outbox])
+    if group:
+        db.execute("SELECT mailbox.create_consumer_group(%s, %s, %s)", [group, outbox, reset])
+
+
 def publish_in_transactions(db, rows, per_txn, statement, after=None):
     """Run `statement` (params: first, last) once per `per_txn` rows, each in its own
     transaction, then `after` (in a transaction of its own) if given."""
@@ -95,9 +128,7 @@ def publish_in_transactions(db, rows, per_txn, statement, after=None):
 
 
 def mailbox_prepare(db, rows, batch):
-    db.execute("SELECT mailbox.drop_outbox('bench', true)")
-    db.execute("SELECT mailbox.create_outbox('bench', 0)")
-    db.execute("SELECT mailbox.create_consumer_group('bench_g', 'bench', 'earliest')")
+    reset_outbox(db, "bench", "bench_g")
     publish_in_transactions(
         db,
         rows,
@@ -323,9 +354,7 @@ def steady_producer(dsn, i, per_txn, interval, start_at, stop_at, results):
 def steady_section(dsn, args, out):
     """Producers publish at --rate while one relay keeps up; all of it against the clock."""
     with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('steady', true)")
-        db.execute("SELECT mailbox.create_outbox('steady', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('steady_g', 'steady', 'earliest')")
+        reset_outbox(db, "steady", "steady_g")
     received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
     stop_consuming = threading.Event()
     lags: list[int] = []
@@ -475,9 +504,7 @@ def steady_section(dsn, args, out):
 # ================================================================ latency and retention
 def latency_backlog(dsn, rows):
     with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('lat', true)")
-        db.execute("SELECT mailbox.create_outbox('lat', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('lat_g', 'lat', 'earliest')")
+        reset_outbox(db, "lat", "lat_g")
         publish_in_transactions(
             db,
             rows,
@@ -515,9 +542,7 @@ def lag_latency(dsn, samples=100):
 def idle_latency(dsn, samples):
     """Commit of a publish -> a LISTENing consumer's poll has returned the row."""
     with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('idle', true)")
-        db.execute("SELECT mailbox.create_outbox('idle', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('idle_g', 'idle', 'latest')")
+        reset_outbox(db, "idle", "idle_g", "latest")
     ms = []
     with connect(dsn) as listener, connect(dsn, autocommit=False) as producer:
         listener.execute("LISTEN mailbox_outbox_new")
@@ -616,8 +641,6 @@ def retention_section(dsn, args, out):
 # ================================================================ producer (pgbench)
 PGBENCH_SETUP = """
 DROP TABLE IF EXISTS bench_orders, bench_orders_captured, bench_events CASCADE;
-SELECT mailbox.drop_outbox('bench_orders_captured', true);
-SELECT mailbox.drop_outbox('bench_pub', true);
 CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text, amount numeric);
 CREATE TABLE bench_orders_captured (id bigserial PRIMARY KEY, customer text, amount numeric);
 CREATE TABLE bench_events (id bigserial PRIMARY KEY, created_at timestamptz DEFAULT now(),
@@ -681,6 +704,8 @@ def producer_section(dsn, args, out):
     ]
     for label, options in modes:
         with connect(dsn) as db:
+            drop_outbox(db, "bench_orders_captured")
+            drop_outbox(db, "bench_pub")
             db.execute(PGBENCH_SETUP)
         tps = {name: [] for name, _s, _o in cases}
         for _ in range(args.pgbench_repeat):  # interleaved rounds, like the drains
