@@ -124,6 +124,7 @@ CREATE INDEX alert_log_created_at_idx ON mailbox.alert_log (created_at);
 COMMENT ON TABLE mailbox.alert_log IS
 'pg_mailbox alerts, also sent as NOTIFY mailbox_alert; drained after mailbox.alert_retention_hours';
 SELECT pg_catalog.pg_extension_config_dump('mailbox.alert_log', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox.alert_log_alert_id_seq', '');
 
 CREATE FUNCTION mailbox._alert(p_event text, p_detail jsonb DEFAULT '{}')
 RETURNS void

@@ -4,11 +4,21 @@
 -- partition mailbox.outbox_<N>. Producers and capture triggers therefore insert with static
 -- SQL (cached plans, no per-call dynamic SQL on the hot path) and tuple routing puts the row
 -- in outbox_<N>. See docs/design.md for the offset (sequencer) design.
+--
+-- Backups (docs/backup.md): every table and sequence here that holds state is registered
+-- with pg_extension_config_dump, so pg_dump saves its rows, which a restore loads after
+-- CREATE EXTENSION ran. The partitions, made at run time, are not extension members:
+-- pg_dump saves them as ordinary tables and attaches them to the parents the extension
+-- script made. So the parents carry no index: pg_dump restores a partition's index after
+-- attaching it, and attaching under an indexed parent would already have made one (restore
+-- error "multiple primary keys"). Each partition has its own primary key and index instead
+-- (made by _create_outbox_objects); every query names the outbox, so it reads one partition.
 
 CREATE TABLE mailbox._outbox (
     outbox_key int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     outbox_name text NOT NULL UNIQUE,
-    source_rel oid,
+    -- regclass, not oid: pg_dump saves the table's name, so a restore points at the new table
+    source_rel regclass,
     source_name text,
     retention_hours int NOT NULL CHECK (retention_hours >= 0),
     inline_threshold_rows int CHECK (inline_threshold_rows >= 0),
@@ -25,10 +35,12 @@ CREATE TABLE mailbox._outbox (
 CREATE UNIQUE INDEX _outbox_source_rel_idx ON mailbox._outbox (source_rel) WHERE source_rel IS NOT NULL;
 COMMENT ON TABLE mailbox._outbox IS 'pg_mailbox catalog: one row per outbox';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_outbox_key_seq', '');
 
 -- Row keys are global so a claim-check row and its delta rows can be joined without the offset,
 -- which a row only gets once it is visible (sequenced).
 CREATE SEQUENCE mailbox._outbox_row_seq AS bigint;
+SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_row_seq', '');
 
 CREATE TABLE mailbox._outbox_log (
     event_id uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
@@ -45,10 +57,9 @@ CREATE TABLE mailbox._outbox_log (
     outbox_key int NOT NULL,
     _id bigint NOT NULL DEFAULT pg_catalog.nextval('mailbox._outbox_row_seq'),
     -- the producer's top-level transaction: what the sequencer compares with snapshots
-    _xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
-    PRIMARY KEY (outbox_key, _id)
+    _xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id()
+    -- each partition: PRIMARY KEY (outbox_key, _id) and an index on (outbox_key, _xid, _id)
 ) PARTITION BY LIST (outbox_key);
-CREATE INDEX _outbox_log_xid_idx ON mailbox._outbox_log (outbox_key, _xid, _id);
 COMMENT ON TABLE mailbox._outbox_log IS
 'pg_mailbox outbox log; outbox N is partition mailbox.outbox_<N>';
 
@@ -57,8 +68,8 @@ CREATE TABLE mailbox._outbox_delta_rows (
     row_key bigint NOT NULL,
     row_num int NOT NULL,
     op char(1) NOT NULL CHECK (op IN ('I', 'D')),
-    payload jsonb NOT NULL,
-    PRIMARY KEY (outbox_key, row_key, row_num)
+    payload jsonb NOT NULL
+    -- each partition: PRIMARY KEY (outbox_key, row_key, row_num)
 ) PARTITION BY LIST (outbox_key);
 COMMENT ON TABLE mailbox._outbox_delta_rows IS
 'pg_mailbox claim-check rows; outbox N keeps them in partition mailbox.outbox_delta_rows_<N>, '
@@ -79,6 +90,7 @@ CREATE TABLE mailbox._outbox_chunk (
     PRIMARY KEY (outbox_key, base_offset)
 );
 COMMENT ON TABLE mailbox._outbox_chunk IS 'pg_mailbox: offsets of outbox rows, one row per numbered chunk';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_chunk', '');
 
 -- Retention state lives apart from mailbox._outbox so that maintenance never holds the row
 -- the sequencer locks.
@@ -91,6 +103,7 @@ CREATE TABLE mailbox._outbox_retention (
     storage_alerted boolean NOT NULL DEFAULT FALSE
 );
 COMMENT ON TABLE mailbox._outbox_retention IS 'pg_mailbox: retention progress per outbox';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_retention', '');
 
 -- Which groups finished reading a claim-check row (group '' = every group), so retention
 -- keeps its delta rows until they have been read.
@@ -105,6 +118,7 @@ CREATE TABLE mailbox._claim_check_consumed (
 );
 COMMENT ON TABLE mailbox._claim_check_consumed IS
 'pg_mailbox: claim-check rows that a consumer group (or every group, '''') has read';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._claim_check_consumed', '');
 
 -- An outbox by name, or 42704. Used by every function that takes an outbox name.
 CREATE FUNCTION mailbox._outbox_key(p_outbox text)
@@ -126,5 +140,86 @@ BEGIN
                   HINT = 'Create it with mailbox.create_outbox() or mailbox.enable_outbox(); mailbox.outboxes lists them.';
     END IF;
     RETURN v_key;
+END
+$$;
+
+-- Restoring a dump (docs/backup.md). Transaction ids are the cluster's: an outbox restored
+-- from pg_dump carries ids of the cluster it was dumped from, in its log rows (_xid) and in
+-- its sequencer snapshots, and the new cluster's ids may be behind, ahead of or among them.
+-- Read as ids of the new cluster they would leave new rows without an offset (below the old
+-- snapshot) or number old rows twice. So a restored catalog row is marked (seq_snapshot
+-- 2:2:, which no real snapshot is: the first normal xid is 3) by the trigger below, and the
+-- first sequencer run on it calls _rebase_restored_outbox. The trigger marks every row
+-- inserted; _create_outbox_objects, the only other writer of new rows, then sets the initial
+-- state of a new outbox.
+CREATE FUNCTION mailbox._outbox_mark_restored()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    NEW.seq_snapshot := '2:2:';
+    NEW.win_snapshot := NULL;
+    NEW.win_xid := NULL;
+    NEW.win_id := NULL;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER mailbox_outbox_restored BEFORE INSERT ON mailbox._outbox
+FOR EACH ROW EXECUTE FUNCTION mailbox._outbox_mark_restored();
+
+-- Called by _sequence_outbox, under the catalog row's lock, for a restored outbox. Every row
+-- visible now without an offset (the restored rows, and rows committed since the restore)
+-- gets the next offsets in row-key (insertion) order; every numbered row whose _xid could
+-- fall into a later window gets _xid 2 (frozen: below every snapshot's xmin, never in its
+-- xip), so no window takes it again; and the sequencer goes on from a snapshot taken before
+-- all that, so the rows it did not see (of transactions still running, this one's own
+-- included) are numbered as usual once they commit. Returns how many rows it numbered.
+CREATE FUNCTION mailbox._rebase_restored_outbox(p_key int)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_me xid8 := pg_catalog.pg_current_xact_id();
+    v_snap pg_snapshot := pg_catalog.pg_current_snapshot();
+    v_chunk int := mailbox._setting_int('outbox_chunk_rows', 1000, 1, 1000000);
+    v_head bigint;
+    v_ids bigint[];
+    v_part bigint[];
+    v_n int;
+BEGIN
+    -- as in _sequence_outbox: this transaction counts as running (its rows come later)
+    IF pg_catalog.pg_visible_in_snapshot(v_me, v_snap) THEN
+        v_snap := mailbox._snapshot_with(v_snap, v_me);
+    END IF;
+    SELECT o.head_offset INTO v_head FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
+    v_ids := ARRAY(
+        SELECT l._id
+          FROM mailbox._outbox_log AS l
+          LEFT JOIN (SELECT u.id FROM mailbox._outbox_chunk AS c
+                      CROSS JOIN LATERAL pg_catalog.unnest(c.ids) AS u (id)
+                      WHERE c.outbox_key = p_key) AS n ON n.id = l._id
+         WHERE l.outbox_key = p_key AND n.id IS NULL AND l._xid <> v_me
+         ORDER BY l._id
+    );
+    FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_ids), 0) BY v_chunk LOOP
+        v_part := v_ids[v_i:v_i + v_chunk - 1];
+        v_n := pg_catalog.cardinality(v_part);
+        INSERT INTO mailbox._outbox_chunk (outbox_key, base_offset, row_count, ids, dense, first_id)
+        VALUES (p_key, v_head, v_n, v_part, v_part[v_n] - v_part[1] = v_n - 1, v_part[1]);
+        v_head := v_head + v_n;
+    END LOOP;
+    UPDATE mailbox._outbox_log AS l
+       SET _xid = '2'
+     WHERE l.outbox_key = p_key AND l._xid >= pg_catalog.pg_snapshot_xmin(v_snap)
+       AND l._id IN (SELECT u.id FROM mailbox._outbox_chunk AS c
+                      CROSS JOIN LATERAL pg_catalog.unnest(c.ids) AS u (id)
+                      WHERE c.outbox_key = p_key);
+    UPDATE mailbox._outbox
+       SET head_offset = v_head, seq_snapshot = v_snap, win_snapshot = NULL, win_xid = NULL, win_id = NULL
+     WHERE outbox_key = p_key;
+    RETURN coalesce(pg_catalog.cardinality(v_ids), 0);
 END
 $$;

@@ -46,13 +46,19 @@ BEGIN
         p_retention_hours, p_inline_threshold_rows
     )
     RETURNING outbox_key INTO v_key;
+    -- the insert trigger marks rows as restored from a dump (part 10); this one is new
+    UPDATE mailbox._outbox SET seq_snapshot = '1:1:' WHERE outbox_key = v_key;
     INSERT INTO mailbox._outbox_retention (outbox_key) VALUES (v_key);
 
     -- v_key is an integer this function generated, never caller text
-    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', v_log);
+    -- the parents have no index (see part 10): each partition gets its own
+    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
+                              ' PRIMARY KEY (outbox_key, _id))', v_log);
+    EXECUTE pg_catalog.format('CREATE INDEX ON mailbox.%I (outbox_key, _xid, _id)', v_log);
     EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_log ATTACH PARTITION mailbox.%I FOR VALUES IN (%s)',
                               v_log, v_key);
-    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_delta_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', v_delta);
+    EXECUTE pg_catalog.format('CREATE TABLE mailbox.%I (LIKE mailbox._outbox_delta_rows INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
+                              ' PRIMARY KEY (outbox_key, row_key, row_num))', v_delta);
     -- The foreign key lives on the pair of partitions, not on the parents: attaching a
     -- partition under a parent-level key would lock the whole log against every producer.
     EXECUTE pg_catalog.format(

@@ -12,7 +12,10 @@ AS $$
 BEGIN
     -- PostgreSQL folds identical notifications of one transaction into one and drops those of
     -- a rolled-back transaction or subtransaction: one wake-up per committed transaction.
-    IF mailbox._setting_bool('outbox_notify', true) THEN
+    -- only while a consumer of the outbox waits for a wake-up (part 17)
+    IF mailbox._setting_bool('outbox_notify', true)
+       AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w JOIN mailbox._outbox AS o USING (outbox_key)
+                    WHERE o.outbox_name = p_name AND w.waiting_until > pg_catalog.now()) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_name);
     END IF;
 END
@@ -26,7 +29,8 @@ $$;
 -- extension owner's (docs/security.md, "Whose rights run what"). The table owner gets exactly
 -- what this function needs: INSERT on its own outbox's two partitions (the columns a capture
 -- writes; _id, _xid, event_id and created_at always come from their defaults), SELECT on _id
--- (RETURNING), USAGE on the row sequence and EXECUTE on the setting parsers. Writing its own
+-- (RETURNING), USAGE on the row sequence, EXECUTE on the setting parsers and SELECT of who is
+-- waiting for a wake-up (part 17: outbox keys and times only). Writing its own
 -- outbox directly is no more than the owner can do by writing its own table.
 --
 -- The function body is static SQL with the outbox's partitions written in, so PL/pgSQL caches
@@ -120,9 +124,12 @@ BEGIN
     END IF;
     -- unset (NULL) means on; the common spellings are read here, anything else goes through
     -- the strict parser, which raises for a bad value
+    -- and only while a consumer waits for it (part 17)
     v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-    IF v_notify IS NULL OR v_notify IN ('on', 'true')
-       OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
+    IF (v_notify IS NULL OR v_notify IN ('on', 'true')
+        OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)))
+       AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
+                    WHERE w.outbox_key = %1$s AND w.waiting_until > pg_catalog.now()) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', %3$s);
     END IF;
     RETURN NULL;
@@ -142,6 +149,15 @@ AS $$
     SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_capture');
 $$;
 
+-- The name of outbox p_key's row reader for snapshots (part 15).
+CREATE FUNCTION mailbox._rows_function(p_key int)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_rows');
+$$;
+
 -- (Re)creates outbox p_key's capture function for the current owner of its table, grants that
 -- owner what the function needs, and (re)installs the four statement triggers.
 CREATE FUNCTION mailbox._install_capture(p_key int)
@@ -154,6 +170,7 @@ DECLARE
     v_table regclass;
     v_owner regrole;
     v_fn text := mailbox._capture_function(p_key);
+    v_rows text := mailbox._rows_function(p_key);
 BEGIN
     SELECT * INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
     SELECT c.oid, c.relowner INTO v_table, v_owner FROM pg_catalog.pg_class AS c WHERE c.oid = v_outbox.source_rel;
@@ -164,6 +181,16 @@ BEGIN
                                                                      v_outbox.inline_threshold_rows)));
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
     EXECUTE pg_catalog.format('ALTER FUNCTION %s() OWNER TO %s', v_fn, v_owner);
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION %s(regclass) RETURNS SETOF jsonb LANGUAGE plpgsql STABLE'
+        ' SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp AS %s',
+        v_rows, pg_catalog.quote_literal(mailbox._rows_function_sql()));
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s(regclass) FROM PUBLIC', v_rows);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s(regclass) OWNER TO %s', v_rows, v_owner);
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s(regclass) DEPENDS ON EXTENSION pg_mailbox', v_rows);
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s(regclass) IS %s', v_rows,
+                              pg_catalog.quote_literal('pg_mailbox snapshot rows of ' || v_table::text
+                                                       || '; runs as the table''s owner'));
     -- not an extension member (pg_dump must dump it with the table's triggers), but dropped
     -- with the extension, triggers and all, like the partitions
     EXECUTE pg_catalog.format('ALTER FUNCTION %s() DEPENDS ON EXTENSION pg_mailbox', v_fn);
@@ -182,6 +209,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'GRANT INSERT (outbox_key, row_key, row_num, op, payload) ON mailbox.%I TO %s',
         'outbox_delta_rows_' || v_outbox.outbox_name, v_owner);
+    EXECUTE pg_catalog.format('GRANT SELECT (outbox_key, waiting_until) ON mailbox._outbox_waiter TO %s', v_owner);
 
     EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_insert ON %s', v_table);
     EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_update ON %s', v_table);
@@ -214,9 +242,19 @@ AS $$
 DECLARE
     v_fn regprocedure := pg_catalog.to_regprocedure(mailbox._capture_function(p_key) || '()');
     v_trigger record;
+    v_old_owner regrole;
+    v_name text := (SELECT o.outbox_name FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
 BEGIN
     IF v_fn IS NULL THEN
         RETURN;
+    END IF;
+    -- the old owner's rights on this outbox's partitions go with its function (unless it owns
+    -- the partitions: the extension owner capturing its own table)
+    v_old_owner := (SELECT p.proowner FROM pg_catalog.pg_proc AS p WHERE p.oid = v_fn);
+    IF v_old_owner <> (SELECT c.relowner FROM pg_catalog.pg_class AS c
+                        WHERE c.oid = pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_' || v_name))) THEN
+        EXECUTE pg_catalog.format('REVOKE ALL ON mailbox.%I, mailbox.%I FROM %s',
+                                  'outbox_' || v_name, 'outbox_delta_rows_' || v_name, v_old_owner);
     END IF;
     FOR v_trigger IN
         SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_catalog.pg_trigger AS t
@@ -225,6 +263,7 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
     END LOOP;
     EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
+    EXECUTE pg_catalog.format('DROP FUNCTION IF EXISTS %s(regclass)', mailbox._rows_function(p_key));
 END
 $$;
 
@@ -255,9 +294,9 @@ $$;
 COMMENT ON FUNCTION mailbox.repair_outbox_capture(text) IS
 're-create an outbox''s capture for its table''s current owner (after ALTER TABLE ... OWNER TO)';
 
--- Full-refresh rows (TRUNCATE captured, snapshots) raise outbox_full_refresh. A trigger on the
--- shared log (cloned to every outbox partition), so a capture function running as the table's
--- owner needs no right on the alert log; it fires only for full_refresh rows.
+-- A captured TRUNCATE raises outbox_full_refresh (snapshots raise their own, with their row
+-- count). A trigger on the shared log (cloned to every outbox partition), so a capture function
+-- running as the table's owner needs no right on the alert log; it fires only for those rows.
 CREATE FUNCTION mailbox._alert_full_refresh()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE
@@ -269,9 +308,9 @@ BEGIN
                            pg_catalog.jsonb_build_object(
                                'outbox', (SELECT o.outbox_name FROM mailbox._outbox AS o
                                            WHERE o.outbox_key = new.outbox_key),
-                               'source', new.source, 'op', new.event_type, 'rows', new.inserted_count));
+                               'source', new.source, 'op', new.event_type));
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER mailbox_full_refresh_alert AFTER INSERT ON mailbox._outbox_log
-FOR EACH ROW WHEN (new.full_refresh) EXECUTE FUNCTION mailbox._alert_full_refresh();
+FOR EACH ROW WHEN (new.full_refresh AND new.event_type = 'TRUNCATE') EXECUTE FUNCTION mailbox._alert_full_refresh();

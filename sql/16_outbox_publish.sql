@@ -41,6 +41,10 @@ BEGIN
     IF NOT FOUND THEN
         v_key := mailbox._outbox_key(p_outbox);
     END IF;
+    -- An outbox without grants is open to mailbox_producer: one index probe, no call.
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'outbox' AND x.object_key = v_key) THEN
+        PERFORM mailbox._authorize('outbox', v_key, 'publish');
+    END IF;
     IF p_payload IS NULL THEN
         RAISE EXCEPTION 'payload must not be null (outbox %)', p_outbox
             USING ERRCODE = '22004', HINT = 'Pass a JSON value; use ''{}'' for an event without data.';
@@ -52,10 +56,12 @@ BEGIN
     VALUES (v_key, p_event_type, p_key, p_headers, p_payload)
     RETURNING event_id INTO v_event;
     -- unset (NULL) means on; the common spellings are read here, anything else goes through
-    -- the strict parser, which raises for a bad value
+    -- the strict parser, which raises for a bad value. Only while a consumer waits (part 17).
     v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-    IF v_notify IS NULL OR v_notify IN ('on', 'true')
-       OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
+    IF (v_notify IS NULL OR v_notify IN ('on', 'true')
+        OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)))
+       AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
+                    WHERE w.outbox_key = v_key AND w.waiting_until > pg_catalog.now()) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
     END IF;
     RETURN v_event;
@@ -81,6 +87,7 @@ DECLARE
     v_headers jsonb := mailbox._check_headers(p_headers);
     v_null_at int;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'publish');
     PERFORM mailbox._require(p_payloads, 'p_payloads');
     SELECT pg_catalog.min(u.i) INTO v_null_at
       FROM pg_catalog.unnest(p_payloads) WITH ORDINALITY AS u (payload, i) WHERE u.payload IS NULL;

@@ -68,6 +68,11 @@ BEGIN
         RETURN 0;
     END IF;
     v_was_open := v_win;
+    IF pg_catalog.pg_snapshot_xmax(v_seq) = '2'::xid8 THEN
+        -- restored from a dump: its transaction ids are another cluster's (part 10)
+        v_total := mailbox._rebase_restored_outbox(p_key);
+        SELECT o.head_offset, o.seq_snapshot INTO v_head, v_seq FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
+    END IF;
     LOOP
         v_fresh := v_win IS NULL;
         IF v_fresh THEN
@@ -199,8 +204,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_key int := mailbox._outbox_key(p_outbox);
-    v_row bigint := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
+    v_row bigint;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'consume');
+    v_row := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
     PERFORM mailbox._require(p_after_row, 'p_after_row');
     PERFORM mailbox._require(p_limit, 'p_limit');
     IF p_limit <= 0 THEN
@@ -226,9 +233,11 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_key int := mailbox._outbox_key(p_outbox);
-    v_row bigint := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
+    v_row bigint;
     v_group_outbox int;
 BEGIN
+    PERFORM mailbox._authorize('outbox', v_key, 'consume'); -- covers every group of the outbox
+    v_row := mailbox._claim_check_row(v_key, p_outbox, p_outbox_id);
     IF p_group IS NOT NULL THEN
         v_group_outbox := mailbox._group_outbox(p_group);
         IF v_group_outbox <> v_key THEN

@@ -34,19 +34,25 @@ CREATE TABLE mailbox._consumer (
     PRIMARY KEY (group_name, consumer_id)
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE mailbox._consumer IS 'pg_mailbox: consumers of each group, registered by their first poll';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._consumer', '');
 
--- Leases taken from a consumer after they expired: its next commit covering them warns
--- 'lease lost'. A table of its own, so a takeover never locks the old holder's consumer row
--- (which that consumer's own poll may hold while it waits for the group: a deadlock).
+-- Offset ranges taken from a consumer after its lease expired: its next commit covering
+-- one warns 'lease lost'; a range it takes back later is removed, so that commit does not.
+-- A table of its own, so a takeover never locks the old holder's consumer row (which that
+-- consumer's own poll may hold while it waits for the group: a deadlock).
 CREATE TABLE mailbox._lost_lease (
     group_name text NOT NULL,
     consumer_id text NOT NULL,
     first_offset bigint NOT NULL,
+    last_offset bigint NOT NULL,
     PRIMARY KEY (group_name, consumer_id, first_offset),
+    CHECK (first_offset <= last_offset),
     FOREIGN KEY (group_name, consumer_id)
         REFERENCES mailbox._consumer (group_name, consumer_id) ON DELETE CASCADE
 );
-COMMENT ON TABLE mailbox._lost_lease IS 'pg_mailbox: leases taken over from a consumer, for its lease-lost warning';
+COMMENT ON TABLE mailbox._lost_lease IS
+'pg_mailbox: offset ranges taken over from a consumer, for its lease-lost warning';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lost_lease', '');
 
 CREATE TABLE mailbox._lease (
     group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
@@ -59,6 +65,7 @@ CREATE TABLE mailbox._lease (
 ) WITH (fillfactor = 70);
 CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
 COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._lease', '');
 
 -- A group by name, locked for the caller's change, or 42704.
 CREATE FUNCTION mailbox._lock_group(p_group text)
@@ -116,6 +123,34 @@ BEGIN
     END IF;
     RETURN v_consumer;
 END
+$$;
+
+-- Offsets p_first .. p_last are a consumer's again (it took them over): they leave its lost
+-- ranges, so its commit does not warn 'lease lost' for rows it holds. What it lost around
+-- them stays lost.
+CREATE FUNCTION mailbox._forget_lost_range(p_group text, p_consumer text, p_first bigint, p_last bigint)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._lost_lease AS x
+         WHERE x.group_name = p_group AND x.consumer_id = p_consumer
+           AND x.first_offset <= p_last AND x.last_offset >= p_first
+        RETURNING x.first_offset, x.last_offset
+    ), kept AS (
+        SELECT r.first_offset, pg_catalog.max(r.last_offset) AS last_offset
+          FROM gone
+         CROSS JOIN LATERAL (
+               VALUES (gone.first_offset, p_first - 1), (p_last + 1, gone.last_offset)
+         ) AS r (first_offset, last_offset)
+         WHERE r.first_offset <= r.last_offset
+         GROUP BY r.first_offset
+    )
+    INSERT INTO mailbox._lost_lease AS x (group_name, consumer_id, first_offset, last_offset)
+    SELECT p_group, p_consumer, k.first_offset, k.last_offset FROM kept AS k
+    ON CONFLICT (group_name, consumer_id, first_offset)
+    DO UPDATE SET last_offset = greatest(x.last_offset, excluded.last_offset);
 $$;
 
 -- Registers a consumer on first contact; refreshes its heartbeat otherwise.

@@ -1,5 +1,5 @@
 -- Part 22: the consumer-group data plane (SPEC §2.1, §2.2): poll, commit, extend, seek,
--- heartbeat, lag, and the monitoring views.
+-- heartbeat. Lag and the monitoring views are part 23.
 
 CREATE FUNCTION mailbox._check_positive(p_value int, p_param text, p_max int)
 RETURNS int
@@ -45,6 +45,8 @@ DECLARE
     v_head bigint;
     v_from_chunk bigint;
     v_beat timestamptz;
+    v_now timestamptz;
+    v_key int;
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
@@ -52,6 +54,15 @@ BEGIN
     -- helpers run only to raise the right error.
     IF p_consumer IS NULL OR p_consumer = '' OR pg_catalog.char_length(p_consumer) > 200 THEN
         PERFORM mailbox._check_id('consumer id', p_consumer);
+    END IF;
+    -- Authority before anything is written (the heartbeat below writes). The common case --
+    -- an outbox without grants, open to mailbox_consumer -- costs one index probe here.
+    SELECT g.outbox_key INTO v_key FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
+    IF NOT FOUND THEN
+        v_key := mailbox._group_outbox(p_group); -- raises 22004, 22023 or 42704
+    END IF;
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'outbox' AND x.object_key = v_key) THEN
+        PERFORM mailbox._authorize('outbox', v_key, 'consume');
     END IF;
     -- The poll is a heartbeat: a known consumer's row is refreshed here, before the group
     -- lock, at most every 100 ms (unhealthy or reaped consumers are always older than that).
@@ -76,18 +87,25 @@ BEGIN
     INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
     VALUES (p_group, p_consumer)
     ON CONFLICT (group_name, consumer_id) DO NOTHING;
-    v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_visibility_seconds);
+    -- Lease times count from now, not from the start of the transaction: this poll may have
+    -- waited for the group longer than the visibility timeout.
+    v_now := pg_catalog.clock_timestamp();
+    v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
 
-    -- An expired lease comes first: its rows are delivered again (at-least-once).
+    -- The group's lowest lease that is expired (its rows are delivered again: at-least-once)
+    -- or already this consumer's own comes first. Own: the poller may be a new incarnation
+    -- under the same id that never saw those rows (docs/consumer-groups.md#restarts), and
+    -- taking the lowest such lease means every other lease of this id lies above what it is
+    -- given, so its commit covers only rows it received.
     SELECT l.first_offset, l.last_offset, l.consumer_id, l.lease_until
       INTO v_first, v_last, v_holder, v_held_until
       FROM mailbox._lease AS l
-     WHERE l.group_name = p_group AND l.lease_until <= pg_catalog.now()
+     WHERE l.group_name = p_group AND (l.lease_until <= v_now OR l.consumer_id = p_consumer)
      ORDER BY l.first_offset
      LIMIT 1;
     IF FOUND THEN
         IF v_last - v_first + 1 > p_batch_size THEN
-            -- take the front; the rest stays an expired lease of the same holder
+            -- take the front; the rest stays with its holder, as it was
             INSERT INTO mailbox._lease (group_name, first_offset, last_offset, consumer_id, lease_until)
             VALUES (p_group, v_first + p_batch_size, v_last, v_holder, v_held_until);
             v_last := v_first + p_batch_size - 1;
@@ -98,11 +116,14 @@ BEGIN
         IF v_holder <> p_consumer THEN
             -- fencing: the lease now names the new holder, so the old holder's late commit
             -- cannot acknowledge these rows; this row makes that commit warn
-            INSERT INTO mailbox._lost_lease (group_name, consumer_id, first_offset)
-            SELECT p_group, v_holder, v_first
+            INSERT INTO mailbox._lost_lease AS x (group_name, consumer_id, first_offset, last_offset)
+            SELECT p_group, v_holder, v_first, v_last
              WHERE EXISTS (SELECT 1 FROM mailbox._consumer AS c
                             WHERE c.group_name = p_group AND c.consumer_id = v_holder)
-            ON CONFLICT DO NOTHING;
+            ON CONFLICT (group_name, consumer_id, first_offset)
+            DO UPDATE SET last_offset = greatest(x.last_offset, excluded.last_offset);
+            -- rows this consumer had lost and now holds again are no longer lost
+            PERFORM mailbox._forget_lost_range(p_group, p_consumer, v_first, v_last);
         END IF;
     ELSE
         v_first := v_group.delivered_offset + 1;
@@ -112,6 +133,10 @@ BEGIN
             v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
         END IF;
         IF v_head < v_first THEN
+            -- nothing to deliver: this consumer now waits for a wake-up (part 17)
+            INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
+            VALUES (v_group.outbox_key, p_group, p_consumer, v_now + mailbox._heartbeat_timeout())
+            ON CONFLICT (outbox_key, group_name, consumer_id) DO UPDATE SET waiting_until = excluded.waiting_until;
             RETURN;
         END IF;
         v_last := least(v_head, v_first + p_batch_size - 1);
@@ -151,6 +176,9 @@ BEGIN
      WHERE c.outbox_key = v_group.outbox_key AND NOT c.dense
        AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
      ORDER BY 1;
+    -- a busy consumer needs no wake-up: producers stop notifying (no write when not waiting)
+    DELETE FROM mailbox._outbox_waiter AS w
+     WHERE w.outbox_key = v_group.outbox_key AND w.group_name = p_group AND w.consumer_id = p_consumer;
 END
 $$;
 COMMENT ON FUNCTION mailbox.poll_outbox(text, text, int, int) IS
@@ -164,9 +192,11 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_consumer mailbox._consumer;
+    v_delivered bigint;
     v_full bigint;
     v_partial bigint;
 BEGIN
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     -- lock order as in poll_outbox: own consumer row, then the group row
     SELECT * INTO v_consumer FROM mailbox._consumer AS c
      WHERE c.group_name = p_group AND c.consumer_id = p_consumer
@@ -175,8 +205,14 @@ BEGIN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
-    PERFORM FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
+     WHERE g.group_name = p_group FOR UPDATE;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
+    IF p_last_offset < 0 THEN
+        RAISE EXCEPTION 'invalid p_last_offset: %', p_last_offset
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the offset (outbox_id) of the last row processed; offsets start at 1.';
+    END IF;
     DELETE FROM mailbox._lost_lease AS x
      WHERE x.group_name = p_group AND x.consumer_id = p_consumer AND x.first_offset <= p_last_offset;
     IF FOUND THEN
@@ -217,8 +253,11 @@ BEGIN
        SET group_offset = coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
                                      WHERE l.group_name = p_group), g.delivered_offset)
      WHERE g.group_name = p_group;
+    -- nothing past what the group handed out can have been processed: a commit beyond it
+    -- records the delivered offset, so the committed offset never passes the head
     UPDATE mailbox._consumer
-       SET committed_offset = greatest(committed_offset, p_last_offset), last_commit_at = pg_catalog.now(),
+       SET committed_offset = greatest(committed_offset, least(p_last_offset, v_delivered)),
+           last_commit_at = pg_catalog.now(),
            last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
      WHERE group_name = p_group AND consumer_id = p_consumer;
     RETURN v_full + v_partial;
@@ -235,20 +274,23 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_until timestamptz;
+    v_now timestamptz;
 BEGIN
-    PERFORM mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
     PERFORM mailbox._require(p_extension_seconds, 'p_extension_seconds');
     IF p_extension_seconds < 0 THEN
         RAISE EXCEPTION 'invalid p_extension_seconds: %', p_extension_seconds
             USING ERRCODE = '22023', HINT = 'Pass 0 or more seconds from now.';
     END IF;
-    -- only live leases: an expired one may already belong to someone else
+    -- only live leases: an expired one may already belong to someone else. The clock, not
+    -- now(): the transaction may have started long before (or waited for a lock).
+    v_now := pg_catalog.clock_timestamp();
     UPDATE mailbox._lease
-       SET lease_until = pg_catalog.now() + pg_catalog.make_interval(secs => p_extension_seconds)
-     WHERE group_name = p_group AND consumer_id = p_consumer AND lease_until > pg_catalog.now();
+       SET lease_until = v_now + pg_catalog.make_interval(secs => p_extension_seconds)
+     WHERE group_name = p_group AND consumer_id = p_consumer AND lease_until > v_now;
     IF FOUND THEN
-        v_until := pg_catalog.now() + pg_catalog.make_interval(secs => p_extension_seconds);
+        v_until := v_now + pg_catalog.make_interval(secs => p_extension_seconds);
     END IF;
     RETURN v_until;
 END
@@ -267,11 +309,14 @@ DECLARE
     v_head bigint;
     v_low bigint;
     v_new bigint;
+    v_key int;
 BEGIN
     PERFORM mailbox._check_id('consumer id', p_consumer);
+    v_key := mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', v_key, 'consume'); -- consume covers seek (SPEC §0)
     -- the retention drain of this outbox must not run between the seek and its commit, and
     -- locks go consumer rows first, then the group row, as everywhere
-    PERFORM mailbox._retention_lock(mailbox._group_outbox(p_group));
+    PERFORM mailbox._retention_lock(v_key);
     PERFORM FROM mailbox._consumer AS c WHERE c.group_name = p_group
      ORDER BY c.consumer_id FOR NO KEY UPDATE;
     v_group := mailbox._lock_group(p_group);
@@ -306,86 +351,8 @@ SECURITY DEFINER -- consumers report liveness only through this function
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    PERFORM mailbox._group_outbox(p_group);
+    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
 END
 $$;
 COMMENT ON FUNCTION mailbox.consumer_heartbeat(text, text) IS 'record that a consumer is alive';
-
-CREATE FUNCTION mailbox._heartbeat_timeout()
-RETURNS interval
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-    SELECT pg_catalog.make_interval(secs => mailbox._setting_int('consumer_heartbeat_timeout_seconds', 60, 1, 86400000));
-$$;
-
-CREATE FUNCTION mailbox.consumer_lag(p_group text DEFAULT NULL)
-RETURNS TABLE (
-    group_name text, consumer_id text, committed_offset bigint, group_offset bigint, head_offset bigint,
-    lag bigint, in_flight bigint, last_heartbeat_at timestamptz, heartbeat_age_seconds double precision,
-    healthy boolean
-)
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- reads consumer state for mailbox_consumer
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_timeout interval := mailbox._heartbeat_timeout();
-BEGIN
-    IF p_group IS NOT NULL THEN
-        PERFORM mailbox._group_outbox(p_group);
-    END IF;
-    -- the head must count every committed row, numbered or not yet
-    PERFORM mailbox._sequence_all(k.outbox_key)
-       FROM (SELECT DISTINCT g.outbox_key FROM mailbox._consumer_group AS g
-              WHERE p_group IS NULL OR g.group_name = p_group) AS k;
-    RETURN QUERY
-    SELECT g.group_name, c.consumer_id, c.committed_offset, g.group_offset, o.head_offset,
-           o.head_offset - g.group_offset,
-           coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1)::bigint FROM mailbox._lease AS l
-                      WHERE l.group_name = g.group_name AND l.consumer_id = c.consumer_id
-                        AND l.lease_until > pg_catalog.now()), 0),
-           c.last_heartbeat_at,
-           EXTRACT(EPOCH FROM pg_catalog.now() - c.last_heartbeat_at)::double precision,
-           pg_catalog.now() - c.last_heartbeat_at < v_timeout
-      FROM mailbox._consumer_group AS g
-      JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
-      LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
-     WHERE p_group IS NULL OR g.group_name = p_group
-     ORDER BY g.group_name, c.consumer_id;
-END
-$$;
-COMMENT ON FUNCTION mailbox.consumer_lag(text) IS
-'per consumer (one row with NULL consumer for a group without any): offsets, lag in rows, in-flight rows, health';
-
-CREATE VIEW mailbox.consumer_status AS
-SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset, g.group_offset,
-       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
-                  WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
-                    AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
-       c.registered_at, c.last_heartbeat_at, c.last_commit_at,
-       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy
-  FROM mailbox._consumer AS c
-  JOIN mailbox._consumer_group AS g ON g.group_name = c.group_name
-  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
-COMMENT ON VIEW mailbox.consumer_status IS 'every consumer with its offsets, in-flight rows and health';
-
-CREATE VIEW mailbox.consumer_group_lag AS
-SELECT g.group_name, o.outbox_name, g.auto_offset_reset, g.group_offset, g.delivered_offset, o.head_offset,
-       o.head_offset - g.group_offset AS lag,
-       (SELECT pg_catalog.count(*) FROM mailbox._consumer AS c WHERE c.group_name = g.group_name) AS consumers,
-       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
-                  WHERE l.group_name = g.group_name AND l.lease_until > pg_catalog.now()), 0) AS in_flight
-  FROM mailbox._consumer_group AS g
-  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
-COMMENT ON VIEW mailbox.consumer_group_lag IS
-'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';
-
-CREATE VIEW mailbox.consumer_active_leases AS
-SELECT l.group_name, l.consumer_id, l.first_offset, l.last_offset, l.last_offset - l.first_offset + 1 AS row_count,
-       l.lease_until
-  FROM mailbox._lease AS l
- WHERE l.lease_until > pg_catalog.now();
-COMMENT ON VIEW mailbox.consumer_active_leases IS 'unexpired leases: which consumer holds which offsets until when';

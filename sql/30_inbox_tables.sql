@@ -123,6 +123,28 @@ BEGIN
 END
 $$;
 
+-- The role whose rights the inbox's generated functions and views run with: its table's owner
+-- (docs/inbox.md, "Whose rights run what").
+CREATE FUNCTION mailbox._inbox_owner(p_inbox mailbox._inbox)
+RETURNS name
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel;
+$$;
+
+-- The inbox's own table (table_rel) under its current name, quoted; NULL when it was dropped.
+-- The control plane reads a renamed inbox's table by this name, never by the stored one.
+CREATE FUNCTION mailbox._inbox_current_table(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_inbox.table_rel;
+$$;
+
 -- Raises 55000 for an inbox whose stored schema.table no longer names its table (table_rel):
 -- the table was renamed, moved to another schema, dropped, or another table took its name.
 -- The generated functions (part 35) address the table by that name for speed, so the

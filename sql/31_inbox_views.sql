@@ -1,11 +1,60 @@
 -- Part 31: the views of an inbox, always built from its catalog row and column mapping.
 --
 -- pending_<i>, dlq_<i>, stats_<i>, next_<i> and gaps_<i> (ordering), pending_<i>_<tier>
--- (priority) live in the inbox table's schema. Each reads max_retries (and the ordering
--- settings) from mailbox._inbox, which (a) keeps them current without rebuilding and (b)
--- makes them depend on the extension: DROP EXTENSION refuses while they exist and
+-- (priority) live in the inbox table's schema and are OWNED BY THE TABLE'S OWNER: a view
+-- reads its tables with its owner's rights, so a view owned by the extension owner (a
+-- superuser) would read past the table's row-level security. They read the inbox's settings
+-- and ordering state through two of the three per-inbox views below (in schema mailbox,
+-- owned by the extension owner, security barriers that show only that inbox's rows, and
+-- readable by the table owner alone), which (a) keeps them current without rebuilding and
+-- (b) makes them depend on the extension: DROP EXTENSION refuses while they exist and
 -- DROP EXTENSION ... CASCADE drops them, so no view outlives pg_mailbox (docs/inbox.md).
 -- inbox_key is an integer from the catalog, never caller text, so it is formatted with %s.
+
+-- The per-inbox views of the inbox's own rows of the extension's tables, for the views above
+-- and the generated functions (part 35), which run as the table owner. The table owner gets
+-- SELECT on them (and USAGE on schema mailbox, which holds nothing else it may use).
+CREATE FUNCTION mailbox._inbox_create_state_views(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_prefix text := '_inbox_' || p_inbox.inbox_key || '_';
+    v_owner name := mailbox._inbox_owner(p_inbox);
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT l.event_id, l.lease_until, l.next_attempt_at'
+        ' FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %s', v_prefix || 'lease', p_inbox.inbox_key);
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT a.aggregate_id, a.last_seq'
+        ' FROM mailbox._inbox_aggregate AS a WHERE a.inbox_key = %s', v_prefix || 'aggregate', p_inbox.inbox_key);
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT i.max_retries, i.ordering_first_sequence'
+        ' FROM mailbox._inbox AS i WHERE i.inbox_key = %s', v_prefix || 'config', p_inbox.inbox_key);
+    IF v_owner <> CURRENT_USER THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I TO %I',
+                                  v_prefix || 'lease', v_prefix || 'aggregate', v_prefix || 'config', v_owner);
+        IF NOT pg_catalog.has_schema_privilege(v_owner, 'mailbox', 'USAGE') THEN
+            EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA mailbox TO %I', v_owner);
+        END IF;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION mailbox._inbox_drop_state_views(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_kind text;
+BEGIN
+    FOREACH v_kind IN ARRAY ARRAY['config', 'aggregate', 'lease'] LOOP
+        EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_' || v_kind);
+    END LOOP;
+END
+$$;
 
 CREATE FUNCTION mailbox._inbox_view_names(p_inbox mailbox._inbox)
 RETURNS text[]
@@ -28,7 +77,7 @@ DECLARE
     v_view text;
 BEGIN
     FOREACH v_view IN ARRAY mailbox._inbox_view_names(p_inbox) LOOP
-        -- only views that read this inbox's catalog row are ours to drop
+        -- only views that read this inbox's settings view are ours to drop
         IF EXISTS (
             SELECT 1 FROM pg_catalog.pg_class AS c
               JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
@@ -36,7 +85,8 @@ BEGIN
                AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend AS d
                              JOIN pg_catalog.pg_rewrite AS r ON r.oid = d.objid
                             WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = c.oid
-                              AND d.refobjid = 'mailbox._inbox'::regclass)
+                              AND d.refobjid = pg_catalog.to_regclass(
+                                      pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_config')))
         ) THEN
             EXECUTE pg_catalog.format('DROP VIEW %I.%I', p_inbox.schema_name, v_view);
         END IF;
@@ -57,6 +107,8 @@ BEGIN
                   HINT = 'Rename or drop that relation, or choose another inbox name.';
     END IF;
     EXECUTE pg_catalog.format('CREATE VIEW %I.%I AS %s', p_inbox.schema_name, p_view, p_query);
+    EXECUTE pg_catalog.format('ALTER VIEW %I.%I OWNER TO %I', p_inbox.schema_name, p_view,
+                              mailbox._inbox_owner(p_inbox));
     EXECUTE pg_catalog.format('COMMENT ON VIEW %I.%I IS %s', p_inbox.schema_name, p_view,
                               pg_catalog.quote_literal('pg_mailbox view of inbox ' || p_inbox.inbox_name));
     EXECUTE pg_catalog.format('GRANT SELECT ON %I.%I TO mailbox_admin', p_inbox.schema_name, p_view);
@@ -94,21 +146,25 @@ WITH RECURSIVE heads AS (
          ORDER BY t.%1$s, t.%2$s LIMIT 1) AS n
 )
 SELECT m.* FROM heads AS h
- CROSS JOIN (SELECT i.max_retries, i.ordering_first_sequence FROM mailbox._inbox AS i
-              WHERE i.inbox_key = %6$s) AS cfg
-  LEFT JOIN mailbox._inbox_aggregate AS s ON s.inbox_key = %6$s AND s.aggregate_id = h.agg::text
+ CROSS JOIN mailbox.%6$I AS cfg
  CROSS JOIN LATERAL (SELECT t.* FROM %3$s AS t
                       WHERE t.%1$s = h.agg AND t.%2$s = h.seq AND t.%4$s IS NULL
                       ORDER BY t.%7$s LIMIT 1) AS m
- WHERE h.seq <= coalesce(s.last_seq, cfg.ordering_first_sequence - 1) + 1
+ WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox.%8$I AS s WHERE s.aggregate_id = h.agg::text),
+                         cfg.ordering_first_sequence - 1) + 1
    AND m.%5$s < cfg.max_retries$q$,
-        v_agg, v_seq, v_table, v_proc, v_retry, p_inbox.inbox_key, v_id);
+        v_agg, v_seq, v_table, v_proc, v_retry, '_inbox_' || p_inbox.inbox_key || '_config', v_id,
+        '_inbox_' || p_inbox.inbox_key || '_aggregate');
 END
 $$;
 
+-- The per-inbox state views are security barriers, which a join cannot see into: they are
+-- read by scalar subqueries (one primary-key lookup each) in next_<i> and gaps_<i>.
+
 -- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
--- processed sequence, among its unprocessed messages (dead letters are not holes).
-CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox)
+-- processed sequence, among its unprocessed messages (dead letters are not holes). p_table
+-- is the table's name when it differs from the stored one (the control plane after a rename).
+CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
@@ -130,20 +186,19 @@ WITH RECURSIVE aggs AS (
 SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
        pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
   FROM aggs AS a
- CROSS JOIN (SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = %6$s) AS cfg
-  LEFT JOIN mailbox._inbox_aggregate AS s ON s.inbox_key = %6$s AND s.aggregate_id = a.agg::text
+ CROSS JOIN mailbox.%6$I AS cfg
+ CROSS JOIN LATERAL (SELECT coalesce((SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = a.agg::text),
+                                     cfg.ordering_first_sequence - 1) AS last_seq) AS s
  CROSS JOIN LATERAL (
         SELECT t.%2$s::bigint AS seq, t.%5$s::timestamptz AS recv,
-               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s),
-                        coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS prev
+               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s), s.last_seq) AS prev
           FROM %3$s AS t
-         WHERE t.%1$s = a.agg AND t.%4$s IS NULL
-           AND t.%2$s > coalesce(s.last_seq, cfg.ordering_first_sequence - 1)) AS x
+         WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
         pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
-        pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name),
+        coalesce(p_table, pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
         pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
-        p_inbox.inbox_key);
+        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate');
 END
 $$;
 
@@ -158,8 +213,8 @@ DECLARE
     v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
     v_proc text := mailbox._inbox_col(c, 'processed_at');
     v_retry text := mailbox._inbox_col(c, 'retry_count');
-    v_max text := pg_catalog.format('(SELECT i.max_retries FROM mailbox._inbox AS i WHERE i.inbox_key = %s)',
-                                    p_inbox.inbox_key);
+    v_max text := pg_catalog.format('(SELECT i.max_retries FROM mailbox.%I AS i)',
+                                    '_inbox_' || p_inbox.inbox_key || '_config');
     v_tier jsonb;
 BEGIN
     PERFORM mailbox._inbox_create_view(p_inbox, 'pending_' || p_inbox.inbox_name,
@@ -176,10 +231,10 @@ BEGIN
             ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s >= cfg.max_retries) AS dead_letter_count,'
             ' pg_catalog.avg(pg_catalog.date_part(''epoch'', %2$s::timestamptz - %4$s::timestamptz))'
             '   FILTER (WHERE %2$s IS NOT NULL) AS avg_processing_seconds'
-            ' FROM %5$s AS t CROSS JOIN (SELECT i.max_retries FROM mailbox._inbox AS i WHERE i.inbox_key = %6$s) AS cfg'
+            ' FROM %5$s AS t CROSS JOIN mailbox.%6$I AS cfg'
             ' GROUP BY 1',
             mailbox._inbox_item(c, 'event_type', 'text'), v_proc, v_retry, mailbox._inbox_col(c, 'received_at'),
-            v_table, p_inbox.inbox_key));
+            v_table, '_inbox_' || p_inbox.inbox_key || '_config'));
     END IF;
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
         PERFORM mailbox._inbox_create_view(p_inbox, 'next_' || p_inbox.inbox_name, mailbox._inbox_next_sql(p_inbox));

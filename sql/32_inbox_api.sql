@@ -21,6 +21,7 @@ BEGIN
       FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = p_rel
     RETURNING * INTO v_inbox;
+    PERFORM mailbox._inbox_create_state_views(v_inbox);
     PERFORM mailbox._inbox_create_views(v_inbox);
     PERFORM mailbox._inbox_generate(v_inbox);
 END
@@ -153,6 +154,8 @@ $$;
 
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
+-- The inbox's generated functions and views are owned by the table's owner and run with its
+-- rights, never the extension owner's (part 35, docs/inbox.md "Whose rights run what").
 CREATE FUNCTION mailbox.enable_inbox_tracking(
     p_name text,
     p_table_ref text,
@@ -188,7 +191,9 @@ BEGIN
         RAISE EXCEPTION 'table not found: %', p_table_ref
             USING ERRCODE = '42704', HINT = 'Pass the table as schema.table (e.g. public.my_inbox).';
     END IF;
-    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, INSERT, UPDATE', 'track');
+    -- every inbox role reads and writes an adopted table through the inbox: the adopter must
+    -- hold each of these itself (the helper checks them one by one, 42501 naming the first missing)
+    PERFORM mailbox._check_table_privilege(v_rel, 'SELECT, INSERT, UPDATE, DELETE', 'adopt');
     IF EXISTS (SELECT 1 FROM mailbox._inbox WHERE table_rel = v_rel) THEN
         RAISE EXCEPTION 'inbox already enabled for table: %', v_rel::regclass
             USING ERRCODE = '42710',
@@ -243,11 +248,13 @@ BEGIN
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_drop_functions(v_inbox);
+    PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
+    PERFORM mailbox._forget_grants('inbox', v_inbox.inbox_key);
     -- the inbox's table is table_rel, wherever it is now: after a rename another table may
     -- carry the stored name, and that one is never ours to drop; the table may also have been
     -- dropped by hand already

@@ -1,7 +1,10 @@
 -- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark, replay.
 --
 -- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
--- inbox's generated functions (part 35), whose static SQL has cached plans; the hot path
+-- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
+-- touch the inbox table, with its owner's rights; leases and ordering state are written here,
+-- from what they return (data, only ever bind parameters, and only for this inbox's key). Replay
+-- builds its SQL from the catalog and runs it through mailbox._inbox_as_owner. The hot path
 -- inlines the catalog lookup and argument checks (each nested helper call with a SET clause
 -- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
 -- rare and stays dynamic: the table and its columns come from the catalog mapping through
@@ -30,7 +33,7 @@ CREATE FUNCTION mailbox.inbox_receive(
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- writes any inbox table for mailbox_producer
+SECURITY DEFINER -- calls any inbox's generated functions (which run as the table owner) for mailbox_producer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
@@ -41,6 +44,11 @@ BEGIN
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
+    -- an inbox without grants is open to the role-level grants: one index probe, no call
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
+                                                          AND x.object_key = v_inbox.inbox_key) THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'receive');
+    END IF;
     -- the generated functions name the table: refuse if that name is no longer the inbox's
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
        IS DISTINCT FROM v_inbox.table_rel THEN
@@ -50,13 +58,25 @@ BEGIN
         RAISE EXCEPTION 'event id must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the message''s unique id (the broker''s message id, say).';
     END IF;
-    -- the generated function checks ordering and unmapped roles, inserts and notifies
+    -- an id is a key of the inbox table's unique index and of the lease table, whose entries
+    -- are limited to about 2700 bytes; a fixed, documented limit names the argument instead
+    IF pg_catalog.octet_length(p_event_id) > 1000 THEN
+        RAISE EXCEPTION 'p_event_id too long: % bytes', pg_catalog.octet_length(p_event_id)
+            USING ERRCODE = '22023',
+                  HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
+    END IF;
+    -- the generated function checks ordering, unmapped roles and the priority's range, and
+    -- inserts with the table owner's rights
     EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
                               '_inbox_' || v_inbox.inbox_key || '_receive')
         INTO v_new
         USING v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers,
               p_trace_id, p_priority;
-    RETURN v_new;
+    IF v_new THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
@@ -79,16 +99,24 @@ RETURNS TABLE (
     lease_until timestamptz
 )
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- leases messages of any inbox for mailbox_consumer
+SECURITY DEFINER -- writes leases of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     v_inbox mailbox._inbox;
     v_now timestamptz;
+    v_until timestamptz;
+    v_rows mailbox._inbox_message[];
 BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    -- an inbox without grants is open to the role-level grants: one index probe, no call
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
+                                                          AND x.object_key = v_inbox.inbox_key) THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
     -- the generated functions name the table: refuse if that name is no longer the inbox's
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
@@ -113,9 +141,33 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
     END IF;
     v_now := pg_catalog.clock_timestamp();
-    RETURN QUERY EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3, $4, $5)',
-                                           '_inbox_' || v_inbox.inbox_key || '_claim')
-        USING v_inbox, p_worker, p_batch_size, v_now, v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
+    v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
+    -- 1. the candidates, locked (the generated function, as the table owner)
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3)', '_inbox_' || v_inbox.inbox_key || '_claim')
+        INTO v_rows
+        USING v_inbox, p_batch_size, v_now;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    -- 2. their leases: the upsert only takes a message whose lease and retry time have passed
+    RETURN QUERY
+    WITH won AS (
+        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
+                                               leased_by_pid)
+        SELECT v_inbox.inbox_key, m.event_id, v_until, p_worker, NULL, pg_catalog.pg_backend_pid()
+          FROM pg_catalog.unnest(v_rows) AS m
+            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
+           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
+               leased_by_pid = excluded.leased_by_pid
+         WHERE (x.lease_until IS NULL OR x.lease_until <= v_now)
+           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= v_now)
+        RETURNING x.event_id AS won_id, x.lease_until AS won_until
+    )
+    SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
+           m.headers, m.trace_id, m.retry_count, m.received_at, won.won_until
+      FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
+      JOIN won ON won.won_id = m.event_id
+     ORDER BY m.ordinality;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
@@ -125,16 +177,23 @@ GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_c
 CREATE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- updates any inbox table and its lease/ordering state for mailbox_consumer
+SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
-    v_done boolean;
+    v_id text;
+    v_aggregate text;
+    v_seq bigint;
 BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    -- an inbox without grants is open to the role-level grants: one index probe, no call
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
+                                                          AND x.object_key = v_inbox.inbox_key) THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
     -- the generated functions name the table: refuse if that name is no longer the inbox's
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
@@ -144,10 +203,24 @@ BEGIN
     IF p_event_id IS NULL THEN
         PERFORM mailbox._require(p_event_id, 'p_event_id');
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed')
-        INTO v_done
+    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed')
+        INTO v_id, v_aggregate, v_seq
         USING v_inbox, p_event_id;
-    RETURN v_done;
+    IF v_id IS NULL THEN
+        RETURN FALSE;
+    END IF;
+    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
+    -- the highest processed sequence: a replayed older message does not move it back, and a
+    -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
+    -- first (an existing aggregate only ever moves up to what was processed)
+    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
+        INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
+        VALUES (v_inbox.inbox_key, v_aggregate, pg_catalog.int8larger(v_seq, v_inbox.ordering_first_sequence - 1),
+                pg_catalog.clock_timestamp())
+            ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
+           SET last_seq = pg_catalog.int8larger(a.last_seq, v_seq), updated_at = excluded.updated_at;
+    END IF;
+    RETURN TRUE;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
@@ -159,17 +232,24 @@ CREATE FUNCTION mailbox.inbox_mark_failed(
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- updates any inbox table and its lease state for mailbox_consumer
+SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_delay int := p_retry_after_seconds;
-    v_outcome text;
+    v_id text;
+    v_retries int;
+    v_state text;
 BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    -- an inbox without grants is open to the role-level grants: one index probe, no call
+    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
+                                                          AND x.object_key = v_inbox.inbox_key) THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
     -- the generated functions name the table: refuse if that name is no longer the inbox's
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
@@ -191,10 +271,54 @@ BEGIN
         RAISE EXCEPTION 'invalid retry delay: % seconds', v_delay
             USING ERRCODE = '22023', HINT = 'p_retry_after_seconds is NULL (mailbox.inbox_retry_delay_seconds) or 0 or more.';
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_failed')
-        INTO v_outcome
-        USING v_inbox, p_event_id, p_error, v_delay;
-    RETURN v_outcome;
+    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3)', '_inbox_' || v_inbox.inbox_key || '_failed')
+        INTO v_id, v_retries, v_state
+        USING v_inbox, p_event_id, p_error;
+    IF v_id IS NULL THEN
+        IF v_state = 'missing' THEN
+            RAISE EXCEPTION 'inbox message not found: %', p_event_id
+                USING ERRCODE = '42704', DETAIL = pg_catalog.format('Inbox %s has no message with this id.',
+                                                                    v_inbox.inbox_name);
+        ELSIF v_state = 'processed' THEN
+            RAISE EXCEPTION 'inbox message already processed: %', p_event_id
+                USING ERRCODE = '55000',
+                      HINT = 'Replay it with mailbox.replay_inbox_messages() to process it again.';
+        END IF;
+        RETURN 'dead_letter'; -- already in the DLQ: nothing changes
+    END IF;
+    IF v_retries >= v_inbox.max_retries THEN
+        -- a dead letter is not claimable; another backend's live lease still says it is in
+        -- flight (see below) and expires by itself
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id
+           AND (l.lease_until IS NULL OR l.lease_until <= pg_catalog.clock_timestamp()
+                OR l.leased_by_pid IS NOT DISTINCT FROM pg_catalog.pg_backend_pid());
+        INSERT INTO mailbox._inbox_dlq_event (inbox_key, event_id, error, retry_count)
+        VALUES (v_inbox.inbox_key, v_id, p_error, v_retries);
+        RETURN 'dead_letter';
+    END IF;
+    -- a live lease taken by another backend is not the caller's to end: this is a late
+    -- report of a worker whose lease expired (the message was reclaimed). The failure counts,
+    -- the holder keeps its lease, and the retry comes due no earlier than that lease ends.
+    UPDATE mailbox._inbox_lease AS l
+       SET next_attempt_at = GREATEST(l.lease_until,
+                                      pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v_delay))
+     WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id AND l.lease_until > pg_catalog.clock_timestamp()
+       AND l.leased_by_pid IS DISTINCT FROM pg_catalog.pg_backend_pid();
+    IF FOUND THEN
+        RETURN 'retry';
+    END IF;
+    IF v_delay > 0 THEN
+        INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
+        VALUES (v_inbox.inbox_key, v_id, NULL, NULL,
+                pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v_delay))
+            ON CONFLICT (inbox_key, event_id) DO UPDATE
+           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at,
+               leased_by_pid = NULL;
+    ELSE
+        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
+    END IF;
+    RETURN 'retry';
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
@@ -204,7 +328,7 @@ GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO ma
 CREATE FUNCTION mailbox.replay_inbox_messages(p_name text, p_event_ids text[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- resets messages of any inbox for mailbox_admin
+SECURITY DEFINER -- resets messages (as the table owner) and their leases of any inbox for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
@@ -218,14 +342,14 @@ BEGIN
     IF c ? 'error' THEN
         v_set := pg_catalog.format(', %I = NULL', c ->> 'error');
     END IF;
-    EXECUTE pg_catalog.format(
+    SELECT coalesce(pg_catalog.array_agg(x.id ORDER BY x.id), ARRAY[]::text[]) INTO v_ids
+      FROM pg_catalog.jsonb_array_elements_text(mailbox._inbox_as_owner(v_inbox, pg_catalog.format(
         'WITH r AS (UPDATE %1$I.%2$I AS t SET %3$I = NULL, %4$I = 0%5$s'
-        ' WHERE t.%6$I = ANY (%7$s) AND (t.%3$I IS NOT NULL OR t.%4$I >= $2) RETURNING t.%6$I::text AS id)'
-        ' SELECT coalesce(pg_catalog.array_agg(r.id ORDER BY r.id), ARRAY[]::text[]) FROM r',
+        ' WHERE t.%6$I = ANY (%7$s) AND (t.%3$I IS NOT NULL OR t.%4$I >= ($1).max_retries)'
+        ' RETURNING t.%6$I::pg_catalog.text AS id)'
+        ' SELECT coalesce(pg_catalog.jsonb_agg(r.id), ''[]'') FROM r',
         v_inbox.schema_name, v_inbox.table_name, c ->> 'processed_at', c ->> 'retry_count', v_set,
-        c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 1, TRUE))
-        INTO v_ids
-        USING p_event_ids, v_inbox.max_retries;
+        c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE)), NULL, p_event_ids)) AS x (id);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = ANY (v_ids);
         PERFORM mailbox._alert('inbox_replay', pg_catalog.jsonb_build_object(

@@ -89,14 +89,20 @@ BEGIN
         DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = p_new.inbox_key;
         DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = p_new.inbox_key;
     END IF;
-    EXECUTE pg_catalog.format(
-        'INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq)'
-        ' SELECT $1, t.%1$I::text, pg_catalog.max(t.%2$I) FROM %4$I.%5$I AS t'
-        ' WHERE t.%3$I IS NOT NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL GROUP BY t.%1$I'
-        ' ON CONFLICT (inbox_key, aggregate_id) DO UPDATE'
-        ' SET last_seq = pg_catalog.int8larger(a.last_seq, excluded.last_seq), updated_at = excluded.updated_at',
-        c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_new.schema_name, p_new.table_name)
-        USING p_new.inbox_key;
+    -- the history is read with the table owner's rights; what comes back is data for this
+    -- inbox's own key only
+    INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq)
+    SELECT p_new.inbox_key, h.aggregate_id, h.last_seq
+      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_new, pg_catalog.format(
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''aggregate_id'', h.agg,'
+        ' ''last_seq'', h.seq)), ''[]'') FROM (SELECT t.%1$I::pg_catalog.text AS agg,'
+        ' pg_catalog.max(t.%2$I)::pg_catalog.int8 AS seq FROM %4$I.%5$I AS t'
+        ' WHERE t.%3$I IS NOT NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL GROUP BY t.%1$I) AS h',
+        c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_new.schema_name, p_new.table_name)))
+           AS h (aggregate_id text, last_seq bigint)
+     WHERE h.aggregate_id IS NOT NULL AND h.last_seq IS NOT NULL
+        ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
+       SET last_seq = pg_catalog.int8larger(a.last_seq, excluded.last_seq), updated_at = excluded.updated_at;
 END
 $$;
 
@@ -177,10 +183,26 @@ COMMENT ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) IS
 'stop ordering an inbox: drops next_<inbox> and gaps_<inbox> (each aggregate''s position is kept)';
 GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) TO mailbox_admin;
 
+-- Every gap of an ordered inbox as a jsonb array of {aggregate_id, expected_seq, found_seq,
+-- gap_age_sec}, read with the table owner's rights (the SQL of gaps_<i>, not that view: a
+-- view in the table's schema may be replaced by that schema's owner).
+CREATE FUNCTION mailbox._inbox_gap_list(p_inbox mailbox._inbox)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RETURN mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''aggregate_id'', g.aggregate_id,'
+        ' ''expected_seq'', g.expected_seq, ''found_seq'', g.found_seq, ''gap_age_sec'', g.gap_age_sec)), ''[]'')'
+        ' FROM (%s) AS g', mailbox._inbox_gaps_sql(p_inbox, mailbox._inbox_current_table(p_inbox))));
+END
+$$;
+
 CREATE FUNCTION mailbox.inbox_ordering_gaps(p_inbox text)
 RETURNS TABLE (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
 LANGUAGE plpgsql STABLE
-SECURITY DEFINER -- reads any inbox table and the ordering state for mailbox_admin
+SECURITY DEFINER -- reads any inbox table (as its owner) and the ordering state for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
@@ -191,10 +213,11 @@ BEGIN
         RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
             USING ERRCODE = '55000', HINT = 'Enable it with mailbox.enable_inbox_ordering().';
     END IF;
-    RETURN QUERY EXECUTE pg_catalog.format(
-        'SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec FROM %I.%I AS g'
-        ' ORDER BY g.aggregate_id, g.expected_seq',
-        v_inbox.schema_name, 'gaps_' || v_inbox.inbox_name);
+    RETURN QUERY
+    SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec
+      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_gap_list(v_inbox))
+           AS g (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
+     ORDER BY g.aggregate_id, g.expected_seq;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_ordering_gaps(text) IS

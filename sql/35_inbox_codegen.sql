@@ -1,4 +1,4 @@
--- Part 35: per-inbox functions for the per-message path (receive, claim, mark).
+-- Part 35: per-inbox functions, the only code that reads or writes an inbox table.
 --
 -- An inbox's table and columns are known only from its catalog row, so a generic function
 -- must build its SQL at run time, and PostgreSQL parses and plans dynamic SQL on every call.
@@ -7,25 +7,46 @@
 -- _processed and _failed hold STATIC SQL with the inbox's identifiers written in through
 -- format('%I') (values stay parameters), so PL/pgSQL caches their plans per session. The
 -- public functions check their arguments and dispatch with one trivial dynamic call
--- (SELECT mailbox._inbox_<key>_<kind>($1, ...)), which plans in microseconds.
+-- (SELECT mailbox._inbox_<key>_<kind>($1, ...)), which plans in microseconds. The control
+-- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
+-- before and runs it through the fifth, mailbox._inbox_<key>_query.
+--
+-- Whose rights (docs/inbox.md, "Whose rights run what"): a table runs its owner's code
+-- (triggers, defaults, check constraints, index expressions, domain checks, casts, RLS
+-- policies) with the rights of whoever touches it. The public inbox functions are SECURITY
+-- DEFINER (the extension owner, a superuser), so they never touch an inbox table themselves:
+-- the generated functions are SECURITY DEFINER functions OWNED BY THE TABLE'S OWNER, hold
+-- only this file's fixed SQL, take values as parameters and touch nothing but that table and
+-- three per-inbox views of the inbox's own lease, ordering and settings rows (part 31).
+-- Leases, ordering state and the catalog are written only by extension-owned code, from
+-- values the generated functions return; those values are data the table owner could have
+-- chosen, so they are only ever bind parameters, and only for that inbox's own key.
+-- For a managed inbox (create_inbox) the table's owner is the extension owner.
+--
+-- The table owner may ALTER its functions (SECURITY INVOKER, SET search_path, ...) though
+-- it cannot replace their bodies (that needs CREATE on schema mailbox). A function made
+-- SECURITY INVOKER would run our SQL, and so the table's code, as the extension owner: so
+-- every body starts by checking that it runs as the table owner (CURRENT_USER, an explicit
+-- pg_catalog operator and pg_catalog types, so no search_path it was given is consulted
+-- first) and raises 42501 otherwise. Every declared variable has a pg_catalog type for the
+-- same reason (PL/pgSQL checks a domain's constraints when it initialises a variable).
 --
 -- Generated functions:
 --   * take the inbox's catalog row as their first argument; besides carrying max_retries and
 --     the name, that argument type makes them depend on the extension, so
 --     DROP EXTENSION pg_mailbox CASCADE drops them like the inbox views;
 --   * have unnamed parameters ($n) and #variable_conflict use_column, so no column name of an
---     inbox table can ever be taken for a variable; statements that touch the inbox table
---     reference no local variable at all;
---   * are SECURITY INVOKER, owned by the extension owner and executable by nobody else (the
---     public SECURITY DEFINER functions call them as that owner);
+--     inbox table can ever be taken for a variable;
+--   * are executable by nobody but their owner (the extension owner is a superuser);
 --   * are dropped by drop_inbox.
 
--- One claimed message with its lease, as inbox_claim returns it.
-CREATE TYPE mailbox._inbox_claimed AS (
-    event_id text, event_type text, source text, aggregate_id text, sequence_num bigint, priority int,
-    payload jsonb, headers jsonb, trace_id text, retry_count int, received_at timestamptz,
-    lease_until timestamptz
-);
+-- What the generated processed function returns: the id of the message it marked (NULL when
+-- none) and, for ordering, its aggregate and sequence.
+CREATE TYPE mailbox._inbox_done AS (event_id text, aggregate_id text, sequence_num bigint);
+
+-- What the generated failed function returns: the id and new retry count of the message whose
+-- failure it counted, or no id and why not ('missing', 'processed', 'dead').
+CREATE TYPE mailbox._inbox_attempt AS (event_id text, retry_count int, state text);
 
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
 CREATE FUNCTION mailbox._inbox_fn_names(p_inbox mailbox._inbox)
@@ -34,7 +55,7 @@ LANGUAGE sql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
-                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed']) AS kind);
+                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -54,30 +75,67 @@ BEGIN
 END
 $$;
 
--- Creates (or replaces) one generated function. p_args, p_returns and p_set are fixed text
--- written in _inbox_generate; p_body is built there from the catalog through format('%I').
+-- Creates (or replaces) one generated function, owned by the table's owner. p_args,
+-- p_returns, p_declare and p_set are fixed text written in _inbox_generate; p_body is built
+-- there from the catalog through format('%I'). The owner check comes first (see above).
 CREATE FUNCTION mailbox._inbox_define(
-    p_inbox mailbox._inbox, p_kind text, p_args text, p_returns text, p_body text, p_set text DEFAULT ''
+    p_inbox mailbox._inbox, p_kind text, p_args text, p_returns text, p_declare text, p_body text,
+    p_set text DEFAULT ''
 )
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
+    v_owner name := mailbox._inbox_owner(p_inbox);
     v_sig text := pg_catalog.format('mailbox.%I(mailbox._inbox, %s)',
                                     '_inbox_' || p_inbox.inbox_key || '_' || p_kind, p_args);
 BEGIN
     EXECUTE pg_catalog.format(
-        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE SECURITY INVOKER'
+        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE SECURITY DEFINER'
         ' SET search_path = pg_catalog, mailbox, pg_temp%s AS %s',
-        v_sig, p_returns, p_set, pg_catalog.quote_literal(p_body));
+        v_sig, p_returns, p_set, pg_catalog.quote_literal(pg_catalog.format($b$
+#variable_conflict use_column
+DECLARE%1$s
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) %2$s::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function %% must run as %%', %3$s, %2$s::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %%s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;%4$s
+END$b$, p_declare, pg_catalog.quote_literal(v_owner),
+            pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body)));
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', v_sig, v_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_sig);
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %s', v_sig, pg_catalog.quote_literal(
-        pg_catalog.format('pg_mailbox: %s of inbox %s, generated from its catalog row', p_kind, p_inbox.inbox_name)));
+        pg_catalog.format('pg_mailbox: %s of inbox %s, generated from its catalog row; runs as the table owner',
+                          p_kind, p_inbox.inbox_name)));
 END
 $$;
 
--- (Re)generates the four functions of an inbox from its (current) catalog row.
+-- Runs control-plane SQL built from the catalog (never from a generated function's output)
+-- with the rights of the inbox table's owner, through the inbox's generated query function.
+-- The SQL sees the catalog row as $1, p_ints as $2 and p_texts as $3, and returns one jsonb.
+CREATE FUNCTION mailbox._inbox_as_owner(
+    p_inbox mailbox._inbox, p_sql text, p_ints bigint[] DEFAULT NULL, p_texts text[] DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_result jsonb;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || p_inbox.inbox_key || '_query')
+        INTO v_result
+        USING p_inbox, p_sql, p_ints, p_texts;
+    RETURN v_result;
+END
+$$;
+
+-- (Re)generates the five functions of an inbox from its (current) catalog row.
 CREATE FUNCTION mailbox._inbox_generate(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -88,6 +146,7 @@ DECLARE
     v_key int := p_inbox.inbox_key;
     v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
     v_id_param text := mailbox._inbox_param(p_inbox, 'event_id', 2);
+    v_lease text := pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
     -- receive's arguments after the catalog row, in order: role i is $(i + 1)
     v_roles text[] := ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num',
                             'headers', 'trace_id', 'priority'];
@@ -96,8 +155,8 @@ DECLARE
     v_vals text[] := ARRAY[]::text[];
     v_heads text := '';
     v_order text := mailbox._inbox_col(c, 'received_at');
-    v_ordering text := '';
     v_error text := '';
+    v_priority_type text;
 BEGIN
     -- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
     -- trace_id, priority): the checks in the order the generic code made them, then the insert
@@ -123,30 +182,41 @@ BEGIN
     END IF;$c$, i + 1, v_roles[i]);
         END IF;
     END LOOP;
+    -- a priority that does not fit a smallint column is the caller's error, named as such
+    SELECT b.typname INTO v_priority_type
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
+    IF v_priority_type = 'int2' THEN
+        v_checks := v_checks || $c$
+    IF $10 NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;$c$;
+    END IF;
     -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
     v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
     v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
     PERFORM mailbox._inbox_define(p_inbox, 'receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int',
-        'boolean', pg_catalog.format($b$
-#variable_conflict use_column
-BEGIN%1$s
+        'boolean', '', pg_catalog.format($b$%1$s
     INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
-    IF FOUND THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', ($1).inbox_name);
-        RETURN TRUE;
-    END IF;
-    RETURN FALSE;
-END$b$,
+    RETURN FOUND;$b$,
         v_checks, v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
         c ->> 'event_id'));
 
-    -- claim(row, worker, batch size, now, lease until): 1. candidates, locked; 2. leases, the
-    -- upsert decides who wins a message (see part 33). Always the generic plan: with LIMIT
-    -- $3 the planner costs it for 10% of the pending rows, far above a custom plan for a
-    -- batch of 10, so the plan cache would never pick it and would plan every claim again
-    -- (about 100 us); the generic plan has the same shape (index order, anti-join per row).
+    -- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
+    -- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
+    -- The per-inbox views are security barriers, which a join cannot see into: their probes are
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. Always the
+-- generic plan: with LIMIT $2 the planner costs it for 10% of the pending rows,
+    -- far above a custom plan for a batch of 10, so the plan cache would never pick it and
+    -- would plan every claim again (about 100 us); the generic plan has the same shape (index
+    -- order, anti-join per row).
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        -- only aggregate heads (next_<i>), oldest first, collected by an InitPlan so the
+        -- only aggregate heads (next_<i>, its SQL written in here: a view in the table's schema
+        -- may be replaced by that schema's owner), oldest first, collected by an InitPlan so the
         -- claim itself is a primary-key lookup. At most one in flight per aggregate: a head
         -- that is leased (or waits for its retry time) is skipped, and so is a head whose
         -- aggregate has another message under a live lease: a lower sequence that arrived
@@ -156,164 +226,86 @@ END$b$,
         -- probe reads only the aggregate's unprocessed rows up to there (the ordering index),
         -- usually the head alone.
         v_heads := pg_catalog.format(
-            ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM %2$I.%3$I AS n'
-            ' WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l'
-            ' WHERE l.inbox_key = %5$s AND l.event_id = n.%1$I::text AND (l.lease_until > $4 OR l.next_attempt_at > $4))'
-            ' AND NOT EXISTS (SELECT 1 FROM %6$s AS s JOIN mailbox._inbox_lease AS l'
-            ' ON l.inbox_key = %5$s AND l.event_id = s.%1$I::text AND l.lease_until > $4'
-            ' WHERE s.%7$I = n.%7$I AND s.%9$I IS NULL AND s.%8$I <= coalesce((SELECT a.last_seq'
-            ' FROM mailbox._inbox_aggregate AS a WHERE a.inbox_key = %5$s AND a.aggregate_id = n.%7$I::text),'
-            ' ($1).ordering_first_sequence - 1) + 1)'
-            ' ORDER BY n.%4$I LIMIT $3 * 4 + 16))',
-            c ->> 'event_id', p_inbox.schema_name, 'next_' || p_inbox.inbox_name, c ->> 'received_at', v_key,
-            v_table, c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at');
+            ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
+            ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
+            ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
+            ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
+            ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
+            ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
+            ' ($1).ordering_first_sequence - 1) + 1'
+            ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
+            ' OFFSET 0)'
+            ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
+            c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), v_lease, c ->> 'received_at',
+            v_table, c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
+            '_inbox_' || v_key || '_aggregate');
     END IF;
     IF p_inbox.priority_tiers IS NOT NULL THEN
         v_order := mailbox._inbox_col(c, 'priority') || ', ' || v_order;
     END IF;
-    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'text, int, timestamptz, timestamptz',
-        'SETOF mailbox._inbox_claimed', pg_catalog.format($b$
-#variable_conflict use_column
-DECLARE
-    v_rows mailbox._inbox_message[];
-BEGIN
-    SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                     c.priority, c.payload, c.headers, c.trace_id, c.retry_count, c.received_at
-                                 )::mailbox._inbox_message ORDER BY c.n) INTO v_rows FROM (
-        SELECT t.%1$I::text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
+    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz', 'mailbox._inbox_message[]', '',
+        pg_catalog.format($b$
+    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
+                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
+                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
+        SELECT t.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
                %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
                %10$s AS retry_count, %11$s AS received_at,
                pg_catalog.row_number() OVER (ORDER BY %17$s) AS n
           FROM (SELECT t.* FROM %12$s AS t
                  WHERE t.%13$I IS NULL AND t.%14$I < ($1).max_retries%15$s
-                   AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
-                                    WHERE l.inbox_key = %16$s AND l.event_id = t.%1$I::text
-                                      AND (l.lease_until > $4 OR l.next_attempt_at > $4))
+                   AND NOT EXISTS (SELECT 1 FROM %16$s AS l
+                                    WHERE l.event_id = t.%1$I::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
                  ORDER BY %17$s
-                 LIMIT $3
+                 LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c;
-    IF v_rows IS NULL THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH won AS (
-        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
-                                               leased_by_pid)
-        SELECT %16$s, m.event_id, $5, $2, NULL, pg_catalog.pg_backend_pid() FROM pg_catalog.unnest(v_rows) AS m
-            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
-           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
-               leased_by_pid = excluded.leased_by_pid
-         WHERE (x.lease_until IS NULL OR x.lease_until <= $4)
-           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= $4)
-        RETURNING x.event_id AS won_id, x.lease_until AS won_until
-    )
-    SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
-           m.headers, m.trace_id, m.retry_count, m.received_at, won.won_until
-      FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
-      JOIN won ON won.won_id = m.event_id
-     ORDER BY m.ordinality;
-END$b$,
+    ) AS c);$b$,
         c ->> 'event_id', mailbox._inbox_item(c, 'event_type', 'text'), mailbox._inbox_item(c, 'source', 'text'),
         mailbox._inbox_item(c, 'aggregate_id', 'text'), mailbox._inbox_item(c, 'sequence_num', 'bigint'),
         mailbox._inbox_item(c, 'priority', 'int'), mailbox._inbox_item(c, 'payload', 'jsonb'),
         mailbox._inbox_item(c, 'headers', 'jsonb'), mailbox._inbox_item(c, 'trace_id', 'text'),
         mailbox._inbox_item(c, 'retry_count', 'int'), mailbox._inbox_item(c, 'received_at', 'timestamptz'),
-        v_table, c ->> 'processed_at', c ->> 'retry_count', v_heads, v_key, v_order),
+        v_table, c ->> 'processed_at', c ->> 'retry_count', v_heads, v_lease, v_order),
         ' SET plan_cache_mode = force_generic_plan');
 
-    -- processed(row, event_id)
-    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        -- the highest processed sequence: a replayed older message does not move it back, and
-        -- a new aggregate starts at first sequence - 1 even if a stray lower sequence is
-        -- processed first (an existing aggregate only ever moves up to what was processed)
-        v_ordering := pg_catalog.format($o$
-    IF v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
-        INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (%1$s, v_aggregate, pg_catalog.int8larger(v_seq, ($1).ordering_first_sequence - 1),
-                pg_catalog.clock_timestamp())
-            ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, v_seq), updated_at = excluded.updated_at;
-    END IF;$o$, v_key);
-    END IF;
-    PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'boolean', pg_catalog.format($b$
-#variable_conflict use_column
-DECLARE
-    v_id text;
-    v_aggregate text;
-    v_seq bigint;
-BEGIN
+    -- processed(row, event_id): marks it; inbox_mark_processed settles lease and ordering
+    PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
+    v_id pg_catalog.text;
+    v_aggregate pg_catalog.text;
+    v_seq pg_catalog.int8;$d$, pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
-    RETURNING t.%3$I::text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
-    IF v_id IS NULL THEN
-        RETURN FALSE;
-    END IF;
-    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %7$s AND l.event_id = v_id;%8$s
-    RETURN TRUE;
-END$b$,
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', v_id_param,
-        CASE WHEN v_ordering = '' THEN 'NULL::text' ELSE mailbox._inbox_item(c, 'aggregate_id', 'text') END,
-        CASE WHEN v_ordering = '' THEN 'NULL::bigint' ELSE mailbox._inbox_item(c, 'sequence_num', 'bigint') END,
-        v_key, v_ordering));
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
+             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
 
-    -- failed(row, event_id, error, delay seconds): the delay is already resolved and checked
+    -- failed(row, event_id, error): counts the failure; inbox_mark_failed settles the lease
     IF c ? 'error' THEN
         v_error := pg_catalog.format(', %I = $3', c ->> 'error');
     END IF;
-    PERFORM mailbox._inbox_define(p_inbox, 'failed', 'text, text, int', 'text', pg_catalog.format($b$
-#variable_conflict use_column
-DECLARE
-    v_id text;
-    v_retries int;
-    v_processed boolean;
-BEGIN
+    PERFORM mailbox._inbox_define(p_inbox, 'failed', 'text, text', 'mailbox._inbox_attempt', $d$
+    v_id pg_catalog.text;
+    v_retries pg_catalog.int4;
+    v_processed pg_catalog.bool;$d$, pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
      WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
-    RETURNING t.%4$I::text, t.%2$I INTO v_id, v_retries;
-    IF v_id IS NULL THEN
-        SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
-        IF v_processed IS NULL THEN
-            RAISE EXCEPTION 'inbox message not found: %%', $2
-                USING ERRCODE = '42704', DETAIL = pg_catalog.format('Inbox %%s has no message with this id.', ($1).inbox_name);
-        ELSIF v_processed THEN
-            RAISE EXCEPTION 'inbox message already processed: %%', $2
-                USING ERRCODE = '55000',
-                      HINT = 'Replay it with mailbox.replay_inbox_messages() to process it again.';
-        END IF;
-        RETURN 'dead_letter'; -- already in the DLQ: nothing changes
+    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
     END IF;
-    IF v_retries >= ($1).max_retries THEN
-        -- a dead letter is not claimable; another backend's live lease still says it is in
-        -- flight (see below) and expires by itself
-        DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key = %7$s AND l.event_id = v_id
-           AND (l.lease_until IS NULL OR l.lease_until <= pg_catalog.clock_timestamp()
-                OR l.leased_by_pid IS NOT DISTINCT FROM pg_catalog.pg_backend_pid());
-        INSERT INTO mailbox._inbox_dlq_event (inbox_key, event_id, error, retry_count)
-        VALUES (%7$s, v_id, $3, v_retries);
-        RETURN 'dead_letter';
-    END IF;
-    -- a live lease taken by another backend is not the caller's to end: this is a late
-    -- report of a worker whose lease expired (the message was reclaimed). The failure counts,
-    -- the holder keeps its lease, and the retry comes due no earlier than that lease ends.
-    UPDATE mailbox._inbox_lease AS l
-       SET next_attempt_at = GREATEST(l.lease_until, pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => $4))
-     WHERE l.inbox_key = %7$s AND l.event_id = v_id AND l.lease_until > pg_catalog.clock_timestamp()
-       AND l.leased_by_pid IS DISTINCT FROM pg_catalog.pg_backend_pid();
-    IF FOUND THEN
-        RETURN 'retry';
-    END IF;
-    IF $4 > 0 THEN
-        INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
-        VALUES (%7$s, v_id, NULL, NULL, pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => $4))
-            ON CONFLICT (inbox_key, event_id) DO UPDATE
-           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at,
-               leased_by_pid = NULL;
-    ELSE
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %7$s AND l.event_id = v_id;
-    END IF;
-    RETURN 'retry';
-END$b$,
-        v_table, c ->> 'retry_count', v_error, c ->> 'event_id', v_id_param, c ->> 'processed_at', v_key));
+    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
+        v_table, c ->> 'retry_count', v_error, c ->> 'event_id', v_id_param, c ->> 'processed_at'));
+
+    -- query(row, sql, ints, texts): the control plane's SQL (mailbox._inbox_as_owner)
+    PERFORM mailbox._inbox_define(p_inbox, 'query', 'text, bigint[], text[]', 'jsonb', $d$
+    v_result pg_catalog.jsonb;$d$, $b$
+    EXECUTE $2 INTO v_result USING $1, $3, $4;
+    RETURN v_result;$b$);
 END
 $$;

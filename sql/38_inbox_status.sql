@@ -1,4 +1,107 @@
--- Part 38: inbox health and status (SPEC §3.1).
+-- Part 38: inbox health and status (SPEC §3.1), and the retention drain of one inbox.
+--
+-- Each reads (or deletes from) the inbox's own table under its current name (after a rename
+-- too; see part 30) with the table owner's rights, through mailbox._inbox_as_owner. What
+-- comes back is data the table owner could have chosen: counts reported as they are, and ids
+-- that are only ever bind parameters for this inbox's own leases.
+
+-- One inbox's counts as jsonb: pending, dead, processed, oldest_age; with p_detail also
+-- avg_sec and last_minute (processed in the last hour / minute), in_flight, and for an
+-- ordered inbox blocked (aggregates behind a dead letter) and gaps. NULL when the table was
+-- dropped.
+CREATE FUNCTION mailbox._inbox_counts(p_inbox mailbox._inbox, p_detail boolean)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_table text := mailbox._inbox_current_table(p_inbox);
+    v_proc text := mailbox._inbox_col(c, 'processed_at');
+    v_retry text := mailbox._inbox_col(c, 'retry_count');
+    v_recv text := mailbox._inbox_col(c, 'received_at');
+    v_sql text := 'SELECT pg_catalog.jsonb_build_object(''pending'', u.pending, ''dead'', u.dead,'
+                  ' ''processed'', u.processed, ''oldest_age'', u.oldest_age)';
+    v_from text;
+BEGIN
+    IF v_table IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_from := pg_catalog.format(
+        ' FROM (SELECT pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries) AS pending,'
+        ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s >= ($1).max_retries) AS dead,'
+        ' pg_catalog.count(*) FILTER (WHERE %2$s IS NOT NULL) AS processed,'
+        ' pg_catalog.date_part(''epoch'', pg_catalog.now() - pg_catalog.min(%4$s::pg_catalog.timestamptz)'
+        ' FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries)) AS oldest_age FROM %1$s AS t) AS u',
+        v_table, v_proc, v_retry, v_recv);
+    IF p_detail THEN
+        v_sql := v_sql || pg_catalog.format(
+            ' || (SELECT pg_catalog.jsonb_build_object(''avg_sec'', pg_catalog.avg(pg_catalog.date_part(''epoch'','
+            ' %2$s::pg_catalog.timestamptz - %4$s::pg_catalog.timestamptz)), ''last_minute'','
+            ' pg_catalog.count(*) FILTER (WHERE %2$s >= pg_catalog.now() - interval ''1 minute''))'
+            ' FROM %1$s AS t WHERE %2$s >= pg_catalog.now() - interval ''1 hour'')'
+            ' || pg_catalog.jsonb_build_object(''in_flight'', (SELECT pg_catalog.count(*) FROM mailbox.%5$I AS l'
+            ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND EXISTS (SELECT 1 FROM %1$s AS t'
+            ' WHERE %6$s = %7$s AND %2$s IS NULL AND %3$s < ($1).max_retries)))',
+            v_table, v_proc, v_retry, v_recv, '_inbox_' || p_inbox.inbox_key || '_lease',
+            mailbox._inbox_col(c, 'event_id'),
+            CASE WHEN p_inbox.casts ? 'event_id'
+                 THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
+                 ELSE 'l.event_id' END);
+        IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+            -- a dead letter at or before an aggregate's next position blocks that aggregate
+            v_sql := v_sql || pg_catalog.format(
+                ' || pg_catalog.jsonb_build_object(''blocked'', (SELECT pg_catalog.count(DISTINCT %4$s)'
+                ' FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= ($1).max_retries AND %4$s IS NOT NULL'
+                ' AND %5$s <= coalesce((SELECT s.last_seq FROM mailbox.%6$I AS s'
+                ' WHERE s.aggregate_id = %4$s::pg_catalog.text), ($1).ordering_first_sequence - 1) + 1),'
+                ' ''gaps'', (SELECT pg_catalog.count(*) FROM (%7$s) AS g))',
+                v_table, v_proc, v_retry, mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
+                '_inbox_' || p_inbox.inbox_key || '_aggregate', mailbox._inbox_gaps_sql(p_inbox, v_table));
+        END IF;
+    END IF;
+    RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from);
+END
+$$;
+
+-- Deletes up to p_batch rows of the inbox table that retention lets go: processed more than
+-- p_hours ago, or (p_dead) dead letters received more than p_hours ago, skipping rows locked
+-- by a worker; then their leases. Returns how many rows it deleted (0 for a dropped table).
+CREATE FUNCTION mailbox._inbox_drain(p_inbox mailbox._inbox, p_dead boolean, p_hours int, p_batch int)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_table text := mailbox._inbox_current_table(p_inbox);
+    v_proc text := mailbox._inbox_col(c, 'processed_at');
+    v_ids text[];
+BEGIN
+    IF v_table IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT coalesce(pg_catalog.array_agg(x.id), ARRAY[]::text[]) INTO v_ids
+      FROM pg_catalog.jsonb_array_elements_text(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+        'WITH doomed AS (SELECT %2$s AS key FROM %1$s AS t WHERE %3$s'
+        ' LIMIT $2[2] FOR UPDATE OF t SKIP LOCKED),'
+        ' gone AS (DELETE FROM %1$s AS t USING doomed WHERE %2$s = doomed.key'
+        ' RETURNING doomed.key::pg_catalog.text AS id)'
+        ' SELECT coalesce(pg_catalog.jsonb_agg(gone.id), ''[]'') FROM gone',
+        v_table, mailbox._inbox_col(c, 'event_id'),
+        CASE WHEN p_dead
+             THEN pg_catalog.format('%1$s IS NULL AND %2$s >= ($1).max_retries AND %3$s < pg_catalog.now()'
+                                    ' - pg_catalog.make_interval(hours => $2[1]::pg_catalog.int4)',
+                                    v_proc, mailbox._inbox_col(c, 'retry_count'), mailbox._inbox_col(c, 'received_at'))
+             ELSE pg_catalog.format('%1$s IS NOT NULL AND %1$s < pg_catalog.now()'
+                                    ' - pg_catalog.make_interval(hours => $2[1]::pg_catalog.int4)', v_proc) END),
+        ARRAY[p_hours, p_batch]::bigint[])) AS x (id);
+    IF pg_catalog.cardinality(v_ids) > 0 THEN
+        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = ANY (v_ids);
+    END IF;
+    RETURN pg_catalog.cardinality(v_ids);
+END
+$$;
 
 CREATE FUNCTION mailbox._inbox_health_py(p_name text)
 RETURNS jsonb
@@ -14,7 +117,7 @@ $$;
 CREATE FUNCTION mailbox.inbox_health(p_name text)
 RETURNS jsonb
 LANGUAGE sql STABLE
-SECURITY DEFINER -- reads any inbox table and the extension catalogs for mailbox_admin
+SECURITY DEFINER -- reads any inbox table (as its owner) and the extension catalogs for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
     SELECT mailbox._unwrap(mailbox._inbox_health_py(p_name));
@@ -30,12 +133,13 @@ RETURNS TABLE (
     created_at timestamptz
 )
 LANGUAGE plpgsql STABLE
-SECURITY DEFINER -- reads any inbox table and the catalog for mailbox_admin
+SECURITY DEFINER -- reads any inbox table (as its owner) and the catalog for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_table text;
+    v_counts jsonb;
 BEGIN
     IF p_name IS NOT NULL THEN
         PERFORM mailbox._inbox_get(p_name); -- 42704 for an unknown inbox
@@ -61,13 +165,22 @@ BEGIN
         dead_letter_count := NULL;
         processed_count := NULL;
         IF v_table IS NOT NULL THEN -- NULL counts when the table was dropped by hand
-            EXECUTE pg_catalog.format(
-                'SELECT pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I < $1),'
-                ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NULL AND t.%2$I >= $1),'
-                ' pg_catalog.count(*) FILTER (WHERE t.%1$I IS NOT NULL) FROM %3$s AS t',
-                v_inbox.columns ->> 'processed_at', v_inbox.columns ->> 'retry_count', v_table)
-                INTO pending_count, dead_letter_count, processed_count
-                USING v_inbox.max_retries;
+            -- read with the table owner's rights; listing every inbox, one whose table (or
+            -- generated function) fails is shown with NULL counts and a WARNING, not an error
+            BEGIN
+                v_counts := mailbox._inbox_counts(v_inbox, FALSE);
+            EXCEPTION WHEN OTHERS THEN
+                IF p_name IS NOT NULL THEN
+                    RAISE;
+                END IF;
+                RAISE WARNING 'counting messages of inbox % failed: %', v_inbox.inbox_name, SQLERRM
+                    USING HINT = pg_catalog.format('SELECT * FROM mailbox.inbox_status(%s) shows the error.',
+                                                   pg_catalog.quote_literal(v_inbox.inbox_name));
+                v_counts := NULL;
+            END;
+            pending_count := (v_counts ->> 'pending')::bigint;
+            dead_letter_count := (v_counts ->> 'dead')::bigint;
+            processed_count := (v_counts ->> 'processed')::bigint;
         END IF;
         RETURN NEXT;
     END LOOP;

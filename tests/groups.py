@@ -1,5 +1,8 @@
 """Helpers for the consumer-group tests."""
 
+import threading
+import time
+
 import psycopg
 
 
@@ -36,3 +39,43 @@ class Notices:
 
     def warnings(self):
         return [m for s, m in self.items if s == "WARNING"]
+
+
+class Bg:
+    """Runs a callable in a thread; result() joins and re-raises its exception."""
+
+    def __init__(self, fn):
+        self.value = self.error = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            self.error = exc
+
+    def done(self):
+        return not self.thread.is_alive()
+
+    def result(self, timeout=15):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "background statement still running"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def wait_blocked(db, conn, bg=None, timeout=10):
+    """Wait until conn's backend waits on a heavyweight lock (or bg finished)."""
+    pid = conn.info.backend_pid
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if bg is not None and bg.done():
+            return False
+        if db.execute(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()[0]:
+            return True
+        time.sleep(0.02)
+    raise AssertionError(f"backend {pid} never blocked")

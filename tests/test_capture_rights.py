@@ -81,7 +81,7 @@ def test_a_writer_without_mailbox_roles_still_captures(db, connect, tenant):
 
 
 @pytest.mark.parametrize("threshold", [100, 1], ids=["inline", "claim_check"])
-def test_snapshot_reads_the_table_as_the_caller(db, connect, tenant, threshold):
+def test_snapshot_reads_the_table_as_its_owner(db, connect, tenant, threshold):
     conn = as_role(connect, tenant)
     conn.execute(EVIL_CAST)
     conn.execute("INSERT INTO orders VALUES (1, 'ok'), (2, 'sad'), (3, 'ok')")
@@ -115,13 +115,41 @@ def test_large_claim_check_snapshot_is_written_in_pages(db):
     assert sorted(int(r[1]) for r in got) == list(range(1, 2501))
 
 
-def test_snapshot_pages_only_append_to_this_transactions_snapshot(db):
-    db.execute("CREATE TABLE t (id int)")
-    db.execute("SELECT mailbox.enable_outbox('t', p_inline_threshold_rows => 0)")
-    db.execute("INSERT INTO t VALUES (1)")  # a claim-check INSERT row, not a snapshot
-    key, row = rows(db, "SELECT outbox_key, _id FROM mailbox.outbox_t")[0]
-    with raises("55000"):
-        db.execute("SELECT mailbox._snapshot_append(%s, %s, 1, '[{}]')", [key, row])
+def test_an_admin_snapshot_runs_the_owners_cast_as_the_owner(db, connect, tenant):
+    """The admin who takes a snapshot lends the table owner none of its rights."""
+    conn = as_role(connect, tenant)
+    conn.execute(EVIL_CAST)
+    conn.execute("INSERT INTO orders VALUES (1, 'ok')")
+    conn.execute("SELECT mailbox.enable_outbox('public.orders')")
+    conn.execute("GRANT SELECT ON orders TO PUBLIC")
+    db.execute("CREATE ROLE snap_admin LOGIN")
+    try:
+        db.execute("GRANT mailbox_admin TO snap_admin")
+        admin = as_role(connect, "snap_admin")
+        assert scalar(admin, "SELECT mailbox.outbox_snapshot('orders')") == 1
+        assert rows(db, "SELECT DISTINCT who FROM ran_as") == [(tenant,)]
+    finally:
+        db.execute("DROP OWNED BY snap_admin")
+        db.execute("DROP ROLE snap_admin")
+
+
+def test_a_snapshot_is_refused_to_a_caller_restricted_by_row_security(db, connect, tenant):
+    for table in ("docs", "notes"):
+        db.execute(f"CREATE TABLE {table} (id int, team text)")
+        db.execute(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
+        db.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+        db.execute(f"CREATE POLICY team_a ON {table} USING (team = 'a')")
+        db.execute(f'GRANT SELECT, TRIGGER ON {table} TO "{tenant}"')
+    db.execute("SELECT mailbox.enable_outbox('docs')")
+    conn = as_role(connect, tenant)
+    with raises("42501") as info:
+        conn.execute("SELECT mailbox.outbox_snapshot('docs')")
+    assert "row-level security" in str(info.value)
+    with raises("42501"):
+        conn.execute("SELECT mailbox.enable_outbox('notes', p_initial_snapshot => true)")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outboxes WHERE outbox_name = 'notes'") == 0
+    # the owner (here the superuser) takes it, whole
+    assert scalar(db, "SELECT mailbox.outbox_snapshot('docs')") == 2
 
 
 def test_capture_refuses_to_run_for_a_new_owner_until_repaired(db, connect, tenant):
@@ -135,7 +163,25 @@ def test_capture_refuses_to_run_for_a_new_owner_until_repaired(db, connect, tena
     conn = as_role(connect, tenant)
     conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
     db.execute("INSERT INTO orders VALUES (1)")
-    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_orders") == 1
+    # and back: the previous owner keeps no right on the outbox
+    db.execute("CREATE ROLE first_owner")
+    try:
+        db.execute(f'GRANT first_owner TO "{tenant}"')
+        db.execute("ALTER TABLE orders OWNER TO first_owner")
+        conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+        db.execute(f'ALTER TABLE orders OWNER TO "{tenant}"')
+        conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+        db.execute("INSERT INTO orders VALUES (2)")
+        assert not scalar(
+            db, "SELECT has_any_column_privilege('first_owner', 'mailbox.outbox_orders', 'INSERT')"
+        )
+        assert scalar(
+            db, "SELECT has_any_column_privilege(%s, 'mailbox.outbox_orders', 'INSERT')", [tenant]
+        )
+    finally:
+        db.execute("DROP OWNED BY first_owner")
+        db.execute("DROP ROLE first_owner")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_orders") == 2
     owner = scalar(
         db,
         "SELECT proowner::regrole::text FROM pg_proc WHERE proname LIKE '\\_outbox\\_%\\_capture'",
@@ -183,3 +229,24 @@ def test_capture_needs_select_and_trigger(db, connect, tenant, held, missing):
         conn.execute("SELECT mailbox.enable_outbox('public.secret')")
     assert f"lacks {missing}" in str(info.value)
     assert scalar(db, "SELECT count(*) FROM mailbox._outbox") == 0
+
+
+def test_an_owner_who_alters_its_row_reader_gets_no_snapshot(db, connect, tenant):
+    """The owner owns its snapshot row reader and may ALTER it; made SECURITY INVOKER it would
+    run the owner's casts as the extension owner, so the snapshot refuses it."""
+    conn = as_role(connect, tenant)
+    conn.execute(EVIL_CAST)
+    conn.execute("INSERT INTO orders VALUES (1, 'ok')")
+    conn.execute("SELECT mailbox.enable_outbox('public.orders')")
+    reader = scalar(
+        db, "SELECT oid::regprocedure::text FROM pg_proc WHERE proname LIKE '\\_outbox\\_%\\_rows'"
+    )
+    conn.execute(f"ALTER FUNCTION {reader} SECURITY INVOKER")
+    with raises("55000") as info:
+        db.execute("SELECT mailbox.outbox_snapshot('orders')")
+    assert "repair_outbox_capture" in str(info.value)
+    assert scalar(db, "SELECT count(*) FROM ran_as") == 0
+    assert_not_superuser(db, tenant)
+    conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
+    assert scalar(db, "SELECT mailbox.outbox_snapshot('orders')") == 1
+    assert rows(db, "SELECT DISTINCT who FROM ran_as") == [(tenant,)]

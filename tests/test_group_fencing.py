@@ -158,9 +158,9 @@ def test_a_consumer_can_acknowledge_rows_redelivered_below_its_committed_offset(
     same rows can come back to it, and they would otherwise be redelivered forever."""
     c, d = connect(), connect()
     poll(c, "g", "c", batch=4, visibility=1)  # 1..4, short lease
-    poll(c, "g", "c", batch=4, visibility=60)  # 5..8
     time.sleep(1.2)
     assert [r[0] for r in poll(d, "g", "d", batch=4, visibility=1)] == [1, 2, 3, 4]
+    assert [r[0] for r in poll(c, "g", "c", batch=4, visibility=60)] == [5, 6, 7, 8]
     assert commit(c, "g", "c", 8) == 4  # 5..8; 1..4 belong to d now
     time.sleep(1.2)  # d's lease expires too
     assert [r[0] for r in poll(c, "g", "c", batch=4)] == [1, 2, 3, 4]

@@ -230,3 +230,56 @@ def test_drop_inbox_keeps_an_adopted_table_and_drops_a_managed_one_with_cascade(
     assert (
         json.dumps(scalar(db, "SELECT mailbox.inbox_health('legacy_in')")["pending_count"]) == "1"
     )
+
+
+@pytest.mark.parametrize("fmt", ["plain", "custom"])
+def test_an_adopted_table_of_another_role_survives_dump_and_restore(
+    db, dsn, pg_cluster, fmt, tmp_path
+):
+    # its generated functions and views are owned by the table's owner, who also holds
+    # SELECT on the inbox's state views and USAGE on schema mailbox: all of it must restore
+    from mbx import drop_role, make_role
+    from test_dump_restore import _new_database, dump_and_restore
+
+    owner = make_role(db)
+    db.execute(f'CREATE SCHEMA app AUTHORIZATION "{owner}"')
+    db.execute(
+        "CREATE TABLE app.inbox (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int NOT NULL DEFAULT 0, received_at timestamptz, aggregate_id text,"
+        " sequence_num bigint)"
+    )
+    db.execute(f'ALTER TABLE app.inbox OWNER TO "{owner}"')
+    db.execute("SELECT mailbox.enable_inbox_tracking('app_in', 'app.inbox')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('app_in')")
+    for event_id, seq in (("a1", 1), ("a2", 2), ("a4", 4)):
+        db.execute(
+            "SELECT mailbox.inbox_receive('app_in', %s, NULL, p_aggregate_id => 'A',"
+            " p_sequence_num => %s)",
+            [event_id, seq],
+        )
+    try:
+        with _new_database(pg_cluster.dsn()) as target:
+            dump_and_restore(dsn, target, fmt, tmp_path)
+            with psycopg.connect(target, autocommit=True) as restored:
+                owners = rows(
+                    restored,
+                    "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc"
+                    " WHERE proname LIKE '\\_inbox\\_%%\\_query'",
+                )
+                assert owners == [(owner,)]
+                claimed = rows(restored, "SELECT event_id FROM mailbox.inbox_claim('app_in', 'w')")
+                assert claimed == [("a1",)]
+                assert scalar(restored, "SELECT mailbox.inbox_mark_processed('app_in', 'a1')")
+                gaps = rows(
+                    restored, "SELECT expected_seq FROM mailbox.inbox_ordering_gaps('app_in')"
+                )
+                assert gaps == [(3,)]
+                assert (
+                    scalar(restored, "SELECT mailbox.inbox_health('app_in')")["pending_count"] == 2
+                )
+                assert scalar(restored, "SELECT count(*) FROM app.pending_app_in") == 2
+                restored.execute("SELECT mailbox.drop_inbox('app_in')")
+    finally:
+        db.execute("SELECT mailbox.drop_inbox('app_in')")
+        db.execute("DROP SCHEMA app CASCADE")
+        drop_role(db, owner)

@@ -1,13 +1,13 @@
-"""The per-inbox generated functions behind receive/claim/mark (docs/inbox.md, part 35):
-made with the inbox, rebuilt on every configuration change (also for a session that already
-cached them), dropped with it, private, and safe with any column names."""
+"""The per-inbox generated functions behind receive/claim/mark and the control plane's reads
+(docs/inbox.md, part 35): made with the inbox, owned by its table's owner and run with its
+rights, rebuilt on every configuration change (also for a session that already cached them),
+dropped with it, private, and safe with any column names."""
 
-from mbx import raises, rows, scalar
+from mbx import drop_role, make_role, raises, rows, scalar
 
 GENERATED = """
 SELECT p.proname, p.prosecdef, p.proconfig, has_function_privilege('public', p.oid, 'EXECUTE'),
-       pg_get_userbyid(p.proowner) = (SELECT pg_get_userbyid(e.extowner) FROM pg_extension e
-                                       WHERE e.extname = 'pg_mailbox')
+       pg_get_userbyid(p.proowner)
   FROM pg_proc p
  WHERE p.pronamespace = 'mailbox'::regnamespace
    AND p.proname LIKE '\\_inbox\\_' || %s || '\\_%%'
@@ -24,29 +24,47 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
     k = key(db, "gen")
     got = rows(db, GENERATED, [str(k)])
     assert [r[0] for r in got] == [
-        f"_inbox_{k}_{kind}" for kind in ("claim", "failed", "processed", "receive")
+        f"_inbox_{k}_{kind}" for kind in ("claim", "failed", "processed", "query", "receive")
     ]
-    for _name, definer, config, public, owned_by_extension_owner in got:
-        assert not definer and not public and owned_by_extension_owner
+    # a managed table's owner is the extension owner
+    extension_owner = scalar(
+        db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
+    )
+    for _name, definer, config, public, owner in got:
+        assert definer and not public and owner == extension_owner
         assert config[0] == "search_path=pg_catalog, mailbox, pg_temp"
     db.execute("SELECT mailbox.drop_inbox('gen', p_cascade => true)")
     assert rows(db, GENERATED, [str(k)]) == []
 
 
-def test_adopted_inbox_gets_them_and_keeps_them_after_drop_only_as_a_table(db):
+def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_the_table(db):
+    owner = make_role(db)
+    db.execute(f'GRANT CREATE ON SCHEMA public TO "{owner}"')
     db.execute(
         "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
         " tries int NOT NULL DEFAULT 0, got timestamptz)"
     )
+    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
     db.execute(
         "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
         " p_received_at_column => 'got')"
     )
     k = key(db, "legacy")
-    assert len(rows(db, GENERATED, [str(k)])) == 4
+    got = rows(db, GENERATED, [str(k)])
+    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 5
+    # so are its views; the per-inbox state views stay the extension's, readable by the owner
+    assert {
+        r[0] for r in rows(db, "SELECT viewowner FROM pg_views WHERE viewname LIKE '%%legacy'")
+    } == {owner}
+    for kind in ("lease", "aggregate", "config"):
+        assert scalar(
+            db, f"SELECT has_table_privilege(%s, 'mailbox._inbox_{k}_{kind}', 'SELECT')", [owner]
+        )
     db.execute("SELECT mailbox.drop_inbox('legacy')")
     assert rows(db, GENERATED, [str(k)]) == []
+    assert scalar(db, f"SELECT to_regclass('mailbox._inbox_{k}_lease')") is None
     assert scalar(db, "SELECT to_regclass('public.legacy') IS NOT NULL")
+    drop_role(db, owner)
 
 
 def test_a_session_that_cached_the_functions_follows_ordering_and_priority_changes(db, connect):

@@ -1,5 +1,6 @@
 """run_maintenance(), inbox side (SPEC §4): drains, lease expiry, DLQ and gap alerts."""
 
+import psycopg
 import pytest
 from mbx import rows, scalar
 
@@ -130,3 +131,53 @@ def test_gap_alert_fires_once_per_gap_older_than_the_threshold(db):
         for x in rows(db, "SELECT aggregate_id, expected_seq FROM mailbox._inbox_gap_alert")
     ] == [("B", 1)]
     assert len(alerts(db, "inbox_ordering_gap")) == 2
+
+
+def test_one_failing_inbox_table_does_not_stop_the_others(r):
+    # a table owner's trigger that raises (or a generated function it dropped) fails only
+    # its own inbox's maintenance: reported, rolled back alone, the others are drained
+    db = r
+    db.execute(
+        "CREATE TABLE public.stuck (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int, received_at timestamptz)"
+    )
+    db.execute(
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'no deletes here'; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER refuse BEFORE DELETE ON public.stuck"
+        " FOR EACH ROW EXECUTE FUNCTION public.refuse()"
+    )
+    db.execute("SELECT mailbox.enable_inbox_tracking('a_stuck', 'public.stuck')")
+    db.execute("INSERT INTO public.stuck VALUES ('s', now() - interval '100 hours', 0, now())")
+    db.execute(
+        "INSERT INTO mailbox.r (event_id, payload, processed_at)"
+        " VALUES ('old', '{}', now() - interval '2 hours')"
+    )
+    warnings = []
+    db.add_notice_handler(lambda d: warnings.append(d.message_primary))
+    result = maintain(db)
+    assert result["inbox_failed"] == 1 and result["inbox_processed_drained"] == 1
+    assert any("maintenance of inbox a_stuck failed" in w for w in warnings), warnings
+    assert scalar(db, "SELECT count(*) FROM public.stuck") == 1
+    assert scalar(db, "SELECT count(*) FROM mailbox.r") == 0
+
+
+def test_inbox_status_lists_every_inbox_when_one_table_fails(r):
+    db = r
+    db.execute(
+        "CREATE TABLE public.odd (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int, received_at timestamptz)"
+    )
+    db.execute("SELECT mailbox.enable_inbox_tracking('odd', 'public.odd')")
+    key = scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = 'odd'")
+    # its owner dropped the function pg_mailbox reads the table with
+    db.execute(f"DROP FUNCTION mailbox._inbox_{key}_query")
+    warnings = []
+    db.add_notice_handler(lambda d: warnings.append(d.message_primary))
+    got = rows(db, "SELECT inbox_name, pending_count FROM mailbox.inbox_status()")
+    assert got == [("odd", None), ("r", 0)]
+    assert any("counting messages of inbox odd failed" in w for w in warnings), warnings
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        db.execute("SELECT * FROM mailbox.inbox_status('odd')")

@@ -219,3 +219,32 @@ def test_a_duplicate_waits_for_the_first_writers_transaction(
     t.join(timeout=10)
     assert result["v"] is second_returns
     assert scalar(orders, "SELECT count(*) FROM mailbox.orders") == 1
+
+
+def test_a_priority_outside_a_smallint_column_names_p_priority(orders, db):
+    db = orders
+    for bad in (40000, -40000):
+        with raises("22023") as info:
+            db.execute("SELECT mailbox.inbox_receive('orders', 'p', '{}', p_priority => %s)", [bad])
+        assert "p_priority" in str(info.value) and info.value.diag.message_hint.startswith(
+            "p_priority is -32768 to 32767"
+        )
+    assert scalar(db, "SELECT mailbox.inbox_receive('orders', 'p', '{}', p_priority => 32767)")
+    # an adopted table's integer column takes every int
+    db.execute(
+        "CREATE TABLE public.wide (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int, received_at timestamptz, priority int)"
+    )
+    db.execute("SELECT mailbox.enable_inbox_tracking('wide', 'public.wide')")
+    assert scalar(db, "SELECT mailbox.inbox_receive('wide', 'p', NULL, p_priority => 40000)")
+
+
+def test_an_event_id_over_1000_bytes_names_p_event_id(orders):
+    db = orders
+    with raises("22023") as info:
+        db.execute("SELECT mailbox.inbox_receive('orders', repeat('x', 1024 * 1024), '{}')")
+    assert "p_event_id" in str(info.value) and "1000 bytes" in info.value.diag.message_hint
+    with raises("22023"):  # bytes, not characters
+        db.execute("SELECT mailbox.inbox_receive('orders', repeat('é', 501), '{}')")
+    assert scalar(db, "SELECT mailbox.inbox_receive('orders', repeat('x', 1000), '{}')")
+    assert scalar(db, "SELECT count(*) FROM mailbox.orders") == 1

@@ -70,6 +70,56 @@ def test_adopting_needs_rights_on_the_table(db, roles):
         as_role(db, roles["admin"], "SELECT mailbox.enable_inbox_tracking('t', 'public.theirs')")
 
 
+ADOPT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+@pytest.mark.parametrize("missing", ADOPT_PRIVILEGES)
+def test_adopting_needs_every_one_of_select_insert_update_delete(db, roles, missing):
+    db.execute(
+        "CREATE TABLE public.theirs (event_id text PRIMARY KEY, processed_at timestamptz,"
+        " retry_count int, received_at timestamptz)"
+    )
+    db.execute(f'GRANT CREATE ON SCHEMA public TO "{roles["admin"]}"')
+    held = ", ".join(p for p in ADOPT_PRIVILEGES if p != missing)
+    db.execute(f'GRANT {held} ON public.theirs TO "{roles["admin"]}"')
+    with raises("42501") as info:
+        as_role(db, roles["admin"], "SELECT mailbox.enable_inbox_tracking('t', 'public.theirs')")
+    assert f"lacks {missing})" in str(info.value)
+    assert info.value.diag.message_hint.startswith(f"GRANT {missing} ON public.theirs TO")
+    assert scalar(db, "SELECT count(*) FROM mailbox._inbox") == 1  # only 'sec'
+    db.execute(f'GRANT {missing} ON public.theirs TO "{roles["admin"]}"')
+    as_role(db, roles["admin"], "SELECT mailbox.enable_inbox_tracking('t', 'public.theirs')")
+    db.execute("SELECT mailbox.drop_inbox('t')")
+    db.execute(f'REVOKE CREATE ON SCHEMA public FROM "{roles["admin"]}"')
+
+
+def test_managed_inbox_tables_take_no_code_from_other_roles(db, roles):
+    # owned by the extension owner, no TRIGGER or REFERENCES for anyone: nobody else can put
+    # a trigger, default, constraint, index or policy on them (docs/inbox.md)
+    owner = scalar(
+        db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
+    )
+    assert (
+        scalar(
+            db, "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'mailbox.sec'::regclass"
+        )
+        == owner
+    )
+    for role in ("mailbox_admin", "mailbox_producer", "mailbox_consumer", *roles.values()):
+        for privilege in ("TRIGGER", "REFERENCES"):
+            assert not scalar(
+                db, "SELECT has_table_privilege(%s, 'mailbox.sec', %s)", [role, privilege]
+            ), (role, privilege)
+    for ddl in (
+        "CREATE TRIGGER t BEFORE UPDATE ON mailbox.sec FOR EACH ROW"
+        " EXECUTE FUNCTION suppress_redundant_updates_trigger()",
+        "ALTER TABLE mailbox.sec ADD CHECK (true)",
+        "CREATE POLICY p ON mailbox.sec USING (true)",
+    ):
+        with raises("42501"):
+            as_role(db, roles["admin"], ddl)
+
+
 def test_drop_extension_refuses_while_inboxes_exist_and_cascade_keeps_user_schema_tables(fresh_dsn):
     with psycopg.connect(fresh_dsn, autocommit=True) as db:
         db.execute("CREATE EXTENSION pg_mailbox CASCADE")
@@ -103,3 +153,43 @@ def test_drop_extension_refuses_while_inboxes_exist_and_cascade_keeps_user_schem
         assert scalar(db, "SELECT count(*) FROM mailbox.inside") == 0
         assert scalar(db, "SELECT event_id FROM app.adopted") == "a1"
         assert scalar(db, "SELECT count(*) FROM pg_indexes WHERE tablename = 'kept'") == 5
+
+
+def test_per_inbox_grants_receive_and_process(db, roles):
+    # open: without grants the role-level grants decide, as before
+    assert as_role(db, roles["producer"], RECEIVE, ["o1"]) is True
+    assert as_role(db, roles["consumer"], CLAIM) == 1
+    # once the inbox has a grant, only grantees (and mailbox_admin) may use it that way
+    other_producer, other_consumer = (
+        make_role(db, "mailbox_producer"),
+        make_role(db, "mailbox_consumer"),
+    )
+    db.execute("SELECT mailbox.grant_inbox('sec', %s, 'receive')", [roles["producer"]])
+    db.execute("SELECT mailbox.grant_inbox('sec', %s, 'process')", [roles["consumer"]])
+    assert as_role(db, roles["producer"], RECEIVE, ["o2"]) is True
+    with raises("42501") as info:
+        as_role(db, other_producer, RECEIVE, ["o3"])
+    assert "receive inbox sec" in str(info.value)
+    assert as_role(db, roles["consumer"], CLAIM) == 1
+    for sql in (
+        CLAIM,
+        "SELECT mailbox.inbox_mark_processed('sec', 'o1')",
+        "SELECT mailbox.inbox_mark_failed('sec', 'o1', 'boom')",
+    ):
+        with raises("42501") as info:
+            as_role(db, other_consumer, sql)
+        assert "process inbox sec" in str(info.value)
+    # receive does not imply process, nor the other way round
+    db.execute(f'GRANT mailbox_consumer TO "{roles["producer"]}"')
+    with raises("42501"):
+        as_role(db, roles["producer"], CLAIM)
+    assert as_role(db, roles["admin"], CLAIM) == 0  # admins keep everything (nothing left)
+    assert as_role(db, roles["admin"], RECEIVE, ["o4"]) is True
+    assert as_role(db, roles["consumer"], "SELECT mailbox.inbox_mark_processed('sec', 'o1')")
+    # dropping the inbox forgets its grants: a new inbox of that name starts open
+    db.execute("SELECT mailbox.drop_inbox('sec', p_cascade => true)")
+    db.execute("SELECT mailbox.create_inbox('sec')")
+    assert as_role(db, other_producer, RECEIVE, ["o5"]) is True
+    assert scalar(db, "SELECT count(*) FROM mailbox._object_grant") == 0
+    for name in (other_producer, other_consumer):
+        drop_role(db, name)

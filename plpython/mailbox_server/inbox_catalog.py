@@ -1,12 +1,13 @@
-"""The inbox catalog as seen from Python: rows of mailbox._inbox and SQL fragments for them.
+"""The inbox catalog as seen from Python: rows of mailbox._inbox.
 
-Inbox tables are reached only through their column mapping: ``Inbox.col(role)`` quotes the
-mapped column with ``plpy.quote_ident`` (never string formatting of raw names), values are
-always bind parameters of ``plpy.prepare``.
+Python never reads or writes an inbox table: the SQL helpers it calls (mailbox._inbox_counts,
+_inbox_drain, _inbox_gap_list) do, with the table owner's rights (docs/inbox.md, "Whose
+rights run what").
 
 An inbox's table is its identity (``mailbox._inbox.table_rel``), not the name stored when it
-was made: ``Inbox.table`` is the table's *current* name, read from pg_class by oid, so a table
-that merely took the old name after a rename is never read or written here. ``Inbox.renamed``
+was made: ``Inbox.table`` is the table's *current* name, read from pg_class by oid (the SQL
+helpers find it the same way), so a table that merely took the old name after a rename is
+never read or written. ``Inbox.renamed``
 says the stored name no longer names the table (the per-message SQL functions then refuse
 with 55000); ``Inbox.table`` raises 55000 when the table was dropped by hand.
 """
@@ -73,18 +74,6 @@ class Inbox:
             )
         q = self.plpy.quote_ident
         return f"{q(self.current[0])}.{q(self.current[1])}"
-
-    def view(self, prefix):
-        q = self.plpy.quote_ident
-        return f"{q(self.schema)}.{q(prefix + self.name)}"
-
-    def col(self, role, alias="t"):
-        return f"{alias}.{self.plpy.quote_ident(self.columns[role])}"
-
-    def id_param(self, expr):
-        """``expr`` (text) converted to the id column's type, for index-friendly lookups."""
-        cast = self.casts.get("event_id")
-        return f"CAST({expr} AS {cast})" if cast else expr
 
 
 def get(plpy, name):

@@ -5,6 +5,8 @@ Every drain is bounded: at most mailbox.inbox_drain_batch_size rows per inbox an
 pass (the next pass continues), so one pass never holds locks on a huge delete.
 """
 
+import json
+
 from . import alerts, inbox_catalog
 
 MAX_HOURS = 876000
@@ -45,53 +47,23 @@ def _setting(plpy, name, default, low=0, high=MAX_HOURS):
     return inbox_catalog.setting_int(plpy, name, default, low, high)
 
 
-def _drain(plpy, inbox, predicate, params, types, batch):
-    """Delete up to ``batch`` rows of the inbox table matching ``predicate`` (SQL on t)."""
-    n = len(params) + 1
-    plan = plpy.prepare(
-        f"""
-        WITH doomed AS (
-            SELECT {inbox.col("event_id")} AS key FROM {inbox.table} AS t
-             WHERE {predicate} LIMIT ${n} FOR UPDATE OF t SKIP LOCKED
-        ), gone AS (
-            DELETE FROM {inbox.table} AS t USING doomed
-             WHERE {inbox.col("event_id")} = doomed.key RETURNING doomed.key::text AS id
-        ), leases AS (
-            DELETE FROM mailbox._inbox_lease AS l USING gone
-             WHERE l.inbox_key = ${n + 1} AND l.event_id = gone.id
-        )
-        SELECT pg_catalog.count(*) AS n FROM gone""",
-        [*types, "int", "int"],
-    )
-    return plpy.execute(plan, [*params, batch, inbox.key])[0]["n"]
+_DRAIN = """
+SELECT mailbox._inbox_drain(i, $2, $3, $4) AS n FROM mailbox._inbox AS i WHERE i.inbox_key = $1
+"""
+_GAPS = """
+SELECT mailbox._inbox_gap_list(i)::text AS gaps FROM mailbox._inbox AS i WHERE i.inbox_key = $1
+"""
 
 
 def drain(plpy, inbox, batch, dlq_hours):
-    proc, retry, recv = (
-        inbox.col("processed_at"),
-        inbox.col("retry_count"),
-        inbox.col("received_at"),
-    )
+    """Up to ``batch`` processed rows past retention, and as many dead letters when
+    ``dlq_hours`` > 0; deleted with the table owner's rights (mailbox._inbox_drain)."""
+    plan = plpy.prepare(_DRAIN, ["int", "boolean", "int", "int"])
     hours = inbox_catalog.retention_hours(plpy, inbox)
-    processed = _drain(
-        plpy,
-        inbox,
-        f"{proc} IS NOT NULL AND {proc} < pg_catalog.now() - pg_catalog.make_interval(hours => $1)",
-        [hours],
-        ["int"],
-        batch,
-    )
+    processed = plpy.execute(plan, [inbox.key, False, hours, batch])[0]["n"]
     dead = 0
     if dlq_hours > 0:
-        dead = _drain(
-            plpy,
-            inbox,
-            f"{proc} IS NULL AND {retry} >= $1"
-            f" AND {recv} < pg_catalog.now() - pg_catalog.make_interval(hours => $2)",
-            [inbox.max_retries, dlq_hours],
-            ["int", "int"],
-            batch,
-        )
+        dead = plpy.execute(plan, [inbox.key, True, dlq_hours, batch])[0]["n"]
     return processed, dead
 
 
@@ -130,7 +102,7 @@ def dlq_alerts(plpy, max_per_run):
 
 def gap_alerts(plpy, inbox, threshold):
     """inbox_ordering_gap once per gap older than the threshold; forget gaps that closed."""
-    gaps = plpy.execute(f"SELECT * FROM {inbox.view('gaps_')} AS g")
+    gaps = json.loads(plpy.execute(plpy.prepare(_GAPS, ["int"]), [inbox.key])[0]["gaps"])
     current = {(g["aggregate_id"], g["expected_seq"]): g for g in gaps}
     alerted = {
         (r["aggregate_id"], r["expected_seq"])
@@ -166,17 +138,37 @@ def run(plpy):
     dlq_hours = _setting(plpy, "inbox_dlq_retention_hours", 0)
     max_alerts = _setting(plpy, "inbox_dlq_alert_max_per_run", 10, 0, 10000)
     gap_threshold = _setting(plpy, "inbox_gap_alert_seconds", 60, 0, 31536000)
-    result = {"inbox_processed_drained": 0, "inbox_dlq_drained": 0, "inbox_gap_alerts": 0}
+    result = {
+        "inbox_processed_drained": 0,
+        "inbox_dlq_drained": 0,
+        "inbox_gap_alerts": 0,
+        "inbox_failed": 0,
+    }
     for inbox in inbox_catalog.all_inboxes(plpy):
         if not inbox.exists:
             continue  # its table was dropped by hand: nothing to drain, never another table
-        processed, dead = drain(plpy, inbox, batch, dlq_hours)
+        # an inbox table runs its owner's code (a trigger that raises, say) and its owner may
+        # drop or alter the inbox's generated functions: that inbox's failure is reported and
+        # rolled back alone, and every other inbox is still maintained
+        try:
+            with plpy.subtransaction():
+                processed, dead = drain(plpy, inbox, batch, dlq_hours)
+                # a renamed inbox is refused by its functions (and health is critical); its
+                # gaps view may have moved with a renamed schema, so its gap alerts wait
+                gaps = 0
+                if inbox.ordered and not inbox.renamed:
+                    gaps = gap_alerts(plpy, inbox, gap_threshold)
+        except plpy.SPIError as exc:
+            result["inbox_failed"] += 1
+            plpy.warning(
+                f"maintenance of inbox {inbox.name} failed: {exc}",
+                detail=f"SQLSTATE {getattr(exc, 'sqlstate', None)}; other inboxes were maintained.",
+                hint="See the inbox's table (triggers, constraints) and mailbox.inbox_health().",
+            )
+            continue
         result["inbox_processed_drained"] += processed
         result["inbox_dlq_drained"] += dead
-        # a renamed inbox is refused by its functions (and health is critical); its gaps
-        # view may have moved with a renamed schema, so its gap alerts wait until resolved
-        if inbox.ordered and not inbox.renamed:
-            result["inbox_gap_alerts"] += gap_alerts(plpy, inbox, gap_threshold)
+        result["inbox_gap_alerts"] += gaps
     result["inbox_leases_expired"] = plpy.execute(_EXPIRE_LEASES)[0]["n"]
     sent, batches = dlq_alerts(plpy, max_alerts)
     result["inbox_dlq_alerts"] = sent

@@ -74,6 +74,8 @@ WITH gone AS (
 SELECT pg_catalog.count(*) AS n FROM gone
 """
 
+FORGET_WAITERS_SQL = "SELECT mailbox._forget_expired_waiters() AS n"
+
 EXPIRED_LEASES_SQL = """
 SELECT pg_catalog.count(*) AS n FROM mailbox._lease WHERE lease_until <= pg_catalog.now()
 """
@@ -118,6 +120,7 @@ def consumer_health(plpy):
         "consumer_rows_released": released,
         "consumers_forgotten": forgotten,
         "consumer_leases_expired": plpy.execute(EXPIRED_LEASES_SQL)[0]["n"],
+        "consumer_waits_expired": plpy.execute(FORGET_WAITERS_SQL)[0]["n"],
     }
 
 

@@ -50,16 +50,13 @@ def test_no_dead_letters_no_alerts(plpy):
 
 
 def test_gap_alerts_once_per_gap_past_the_threshold(plpy):
-    plpy.quote_ident = lambda name: '"' + name + '"'
     inbox = inbox_catalog.Inbox(plpy, catalog_row())
-    plpy.answer(
-        'FROM "s"."gaps_o"',
-        [
-            {"aggregate_id": "A", "expected_seq": 2, "found_seq": 3, "gap_age_sec": 120.0},
-            {"aggregate_id": "B", "expected_seq": 1, "found_seq": 4, "gap_age_sec": 5.0},
-            {"aggregate_id": "C", "expected_seq": 7, "found_seq": 9, "gap_age_sec": 500.0},
-        ],
-    )
+    gaps = [
+        {"aggregate_id": "A", "expected_seq": 2, "found_seq": 3, "gap_age_sec": 120.0},
+        {"aggregate_id": "B", "expected_seq": 1, "found_seq": 4, "gap_age_sec": 5.0},
+        {"aggregate_id": "C", "expected_seq": 7, "found_seq": 9, "gap_age_sec": 500.0},
+    ]
+    plpy.answer("mailbox._inbox_gap_list(i)", [{"gaps": json.dumps(gaps)}])
     plpy.answer(
         "SELECT aggregate_id, expected_seq FROM mailbox._inbox_gap_alert",
         [{"aggregate_id": "C", "expected_seq": 7}, {"aggregate_id": "Z", "expected_seq": 1}],
