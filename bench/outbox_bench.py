@@ -402,6 +402,7 @@ def steady_section(dsn, args, out):
             conn.execute("LISTEN mailbox_outbox_new")
             conn.commit()
             last = None
+            looked_again = False
             while not stop_consuming.is_set():
                 # notifies that arrived before this poll are answered by it: drop them
                 for _note in conn.notifies(timeout=0):
@@ -421,8 +422,16 @@ def steady_section(dsn, args, out):
                     for _offset, event_id, _payload in got:
                         received_at[event_id] = now
                     last = got[-1][0]
+                    looked_again = False
                     continue
                 last = None  # committed in the transaction that found nothing
+                if not looked_again:
+                    # the loop of docs/consumer-groups.md: the empty poll recorded us as
+                    # waiting; a producer that checked just before it did not notify, so look
+                    # once more in a moment
+                    looked_again = True
+                    time.sleep(0.005)
+                    continue
                 # psycopg keeps notifies that arrive during a query for the next notifies()
                 # call, so one that came in during the empty poll wakes us at once
                 for _note in conn.notifies(timeout=args.fallback, stop_after=1):
@@ -492,8 +501,9 @@ def steady_section(dsn, args, out):
         notes=[
             "producers (one process each): outbox_publish_batch + COMMIT (one round trip) on a"
             " fixed schedule; commit time taken when COMMIT returns",
-            "relay: LISTEN mailbox_outbox_new, commit_offset + poll_outbox + COMMIT pipelined"
-            f" until empty, then wait for a notify (fallback poll every {args.fallback:g} s)",
+            "relay (docs/consumer-groups.md's loop): LISTEN mailbox_outbox_new; commit_offset +"
+            " poll_outbox + COMMIT pipelined until empty, once more 5 ms later, then wait for"
+            f" a notify (fallback poll every {args.fallback:g} s)",
             "latency: consumer's poll returned minus producer's COMMIT returned, per event_id,"
             " same clock (may be slightly negative)",
             "no baseline runs here: read it against the offered rate",
@@ -540,25 +550,32 @@ def lag_latency(dsn, samples=100):
 
 
 def idle_latency(dsn, samples):
-    """Commit of a publish -> a LISTENing consumer's poll has returned the row."""
+    """Commit of a publish -> a LISTENing, idle consumer's poll has returned the row.
+    Returns the times (ms) and how many samples got no notification within 5 s."""
     with connect(dsn) as db:
         reset_outbox(db, "idle", "idle_g", "latest")
-    ms = []
+    ms, unwoken = [], 0
+    poll = "SELECT outbox_id, payload::text FROM mailbox.poll_outbox('idle_g', 'c', 100)"
     with connect(dsn) as listener, connect(dsn, autocommit=False) as producer:
         listener.execute("LISTEN mailbox_outbox_new")
         for _ in range(samples):
+            # idle as a relay is: its last poll came back empty, which records it as waiting
+            # (producers notify only while a consumer waits)
+            assert not listener.execute(poll).fetchall()
+            for _note in listener.notifies(timeout=0):
+                pass
             producer.execute("SELECT mailbox.outbox_publish('idle', '{}')")
             started = time.perf_counter()
             producer.commit()
+            woken = False
             for _note in listener.notifies(timeout=5, stop_after=1):
-                pass
-            got = listener.execute(
-                "SELECT outbox_id, payload::text FROM mailbox.poll_outbox('idle_g', 'c', 100)"
-            ).fetchall()
+                woken = True
+            got = listener.execute(poll).fetchall()
             ms.append((time.perf_counter() - started) * 1000)
+            unwoken += not woken
             assert got, "notified but nothing to poll"
             listener.execute("SELECT mailbox.commit_offset('idle_g', 'c', %s)", [got[-1][0]])
-    return ms
+    return ms, unwoken
 
 
 def sizes(db):
@@ -595,10 +612,11 @@ def latency_section(dsn, args, out):
             f"{percentile(ms[1:], 95):.2f}",
         )
     )
-    ms = idle_latency(dsn, args.idle_samples)
+    ms, unwoken = idle_latency(dsn, args.idle_samples)
     body.append(
         (
-            "idle: commit -> LISTENing consumer's poll returned",
+            "idle: commit -> LISTENing consumer's poll returned"
+            + (f" ({unwoken} of {len(ms)} not woken)" if unwoken else ""),
             f"{percentile(ms, 50):.2f}",
             f"{percentile(ms, 95):.2f}",
         )
