@@ -19,7 +19,8 @@ Sections (--sections, default all):
   consumer at batch 100 and 1000: pg_mailbox poll_outbox + commit_offset, the
   DELETE ... RETURNING floor, a SKIP LOCKED + UPDATE outbox, PgQ; ratios to the floor and PgQ.
 - steady: producers at --rate msg/s for --steady-seconds while a relay keeps up (LISTEN
-  mailbox_outbox_new, poll on wake-up, --fallback seconds without one): end-to-end msg/s,
+  mailbox_outbox_new, poll until empty, once more 5 ms later, then on a wake-up or after
+  --fallback seconds): end-to-end msg/s,
   lag (consumer_lag sampled every second) and commit-to-consumer latency p50/p99.
 - latency: the first poll_outbox on an unread backlog, later polls, at 10K and --big rows;
   the first consumer_lag (it numbers every row) and later ones; commit -> LISTENing
@@ -29,8 +30,8 @@ Sections (--sections, default all):
   plain table (baseline), calls outbox_publish, or inserts into a captured table.
 
 Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--big-drain 1000000]
-       [--repeat 3]
-       [--rate 5000] [--steady-seconds 120] [--pgbench-seconds 10] [--sections ...] [--quick]
+       [--repeat 3] [--rate 5000] [--steady-seconds 120] [--pgbench-seconds 10]
+       [--sections drain,steady,...] [--quick]
 Without --dsn a throwaway cluster is started (pg_mailbox.cluster) and removed afterwards.
 The server needs pg_mailbox and PgQ (Debian: postgresql-15-pgq3) installed.
 """
