@@ -1,32 +1,54 @@
-"""Outbox and consumer-group benchmark (issue: consumer groups).
+"""Outbox and consumer-group benchmark (issue 8: measured honestly).
 
-Everything runs against one server in one invocation, so every number is read as a ratio
-to a baseline measured minutes apart on the same machine:
+Everything runs against one server in one invocation; read the ratios, not the absolute
+rates (the baselines ran minutes apart on the same machine). The rules every cell follows:
 
-Every drain returns the payload as text (what a relay forwards), so no system pays for
-client-side JSON parsing that another does not.
+- A drain starts from a backlog no consumer has read: the clock covers pg_mailbox's
+  numbering (polls number the rows they reach, under the outbox's sequencer lock).
+- Every system gets the same preparation: the same rows (payload built by the same SQL
+  expression), published in transactions of `batch` rows, then CHECKPOINT before the clock;
+  no VACUUM or ANALYZE for anyone; autovacuum as the server has it.
+- Every system returns the payload as text and makes one round trip per batch: psycopg's
+  pipeline mode sends "acknowledge the previous batch, fetch the next, COMMIT" in one go.
+- Each cell is the median of --repeat rounds; a round runs every system once, round-robin,
+  so load from elsewhere on the machine hits all systems alike.
 
-- drain: poll_outbox + commit_offset (batch 100 / 1000, 1 / 2 / 4 consumers of one group)
-  versus a raw DELETE ... RETURNING loop (the floor), a SKIP LOCKED + batched UPDATE outbox,
-  and PgQ (insert_event / ticker / next_batch / get_batch_events / finish_batch);
-- poll_outbox latency at a 10K and a 1M backlog, consumer_lag at 1M rows;
-- retention: table + index size before and after draining the 1M rows;
-- producer: pgbench, 8 clients, a transaction that inserts an order and (a) inserts an event
-  into a plain table, (b) calls outbox_publish, (c) writes a captured table; with NOTIFY on/off;
-- idle latency: commit -> LISTENing consumer's poll returns.
+Sections (--sections, default all):
 
-Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--big 1000000] [--repeat 3]
-       [--pgbench-seconds 15] [--quick]
+- drain: an unread backlog of --rows and of --big-drain rows (0: skip) drained by one
+  consumer at batch 100 and 1000: pg_mailbox poll_outbox + commit_offset, the
+  DELETE ... RETURNING floor, a SKIP LOCKED + UPDATE outbox, PgQ; ratios to the floor and PgQ.
+- steady: producers at --rate msg/s for --steady-seconds while a relay keeps up (LISTEN
+  mailbox_outbox_new, poll until empty, once more 5 ms later, then on a wake-up or after
+  --fallback seconds): end-to-end msg/s,
+  lag (consumer_lag sampled every second) and commit-to-consumer latency p50/p99.
+- latency: the first poll_outbox on an unread backlog, later polls, at 10K and --big rows;
+  the first consumer_lag (it numbers every row) and later ones; commit -> LISTENing
+  consumer's poll when idle.
+- retention: table + index bytes before and after draining --big rows and run_maintenance.
+- producer: pgbench, 8 clients: a transaction that inserts an order and an event into a
+  plain table (baseline), calls outbox_publish, or inserts into a captured table.
+
+Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--big-drain 1000000]
+       [--repeat 3] [--rate 5000] [--steady-seconds 120] [--pgbench-seconds 10]
+       [--sections drain,steady,...] [--quick]
 Without --dsn a throwaway cluster is started (pg_mailbox.cluster) and removed afterwards.
+The server needs pg_mailbox and PgQ (Debian: postgresql-15-pgq3) installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import multiprocessing
 import os
+import platform
+import shlex
 import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -34,203 +56,488 @@ import time
 import psycopg
 
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
+SECTIONS = ("drain", "steady", "latency", "retention", "producer")
+
+
+def progress(text):
+    """One line per measured run on stderr, so a long run shows where it is."""
+    print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def connect(dsn, autocommit=True):
     return psycopg.connect(dsn, autocommit=autocommit)
 
 
-def run_threads(n, target):
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - started
+def median(values):
+    return statistics.median(values) if values else float("nan")
 
 
-# ---------------------------------------------------------------- drain: pg_mailbox
-def mailbox_drain(dsn, rows, batch, consumers):
+def percentile(samples, q):
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    samples = sorted(samples)
+    return samples[max(0, min(len(samples) - 1, int(round(q / 100 * len(samples))) - 1))]
+
+
+def drop_outbox(db, outbox):
+    """drop_outbox raises 55P03 while any session, autovacuum included, holds a lock on any
+    outbox's partition of the shared log (an autovacuum of a previous run's rows can outlast
+    its two seconds of NOWAIT retries, and NOWAIT never cancels it): retry for up to two
+    minutes, saying who was in the way. Always outside the clock."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            db.execute("SELECT mailbox.drop_outbox(%s, true)", [outbox])
+            return
+        except psycopg.errors.LockNotAvailable:
+            if time.monotonic() > deadline:
+                raise
+            holders = db.execute(
+                "SELECT string_agg(DISTINCT coalesce(a.backend_type, '?') || ': '"
+                " || left(coalesce(a.query, ''), 60), '; ')"
+                " FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+                " JOIN pg_class AS c ON c.oid = l.relation"
+                " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = 'mailbox' AND l.pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            progress(f"drop_outbox({outbox}) busy, retrying; lock holders: {holders}")
+            time.sleep(1)
+
+
+def reset_outbox(db, outbox, group=None, reset="earliest"):
+    """A new, empty outbox (retention 0) and, if given, a consumer group on it."""
+    drop_outbox(db, outbox)
+    db.execute("SELECT mailbox.create_outbox(%s, 0)", [outbox])
+    if group:
+        db.execute("SELECT mailbox.create_consumer_group(%s, %s, %s)", [group, outbox, reset])
+
+
+def publish_in_transactions(db, rows, per_txn, statement, after=None):
+    """Run `statement` (params: first, last) once per `per_txn` rows, each in its own
+    transaction, then `after` (in a transaction of its own) if given."""
+    with db.pipeline() as pipeline:
+        for start in range(1, rows + 1, per_txn):
+            db.execute(statement, [start, min(start + per_txn - 1, rows)])
+            pipeline.sync()  # statements up to a Sync form one implicit transaction
+            if after:
+                db.execute(after)
+                pipeline.sync()
+
+
+# ================================================================ drain
+# Each system is (prepare, drain): prepare(db, rows, batch) publishes the backlog; drain(dsn,
+# batch) consumes it to the end and returns the number of rows it got. Only drain is timed.
+
+
+def mailbox_prepare(db, rows, batch):
+    reset_outbox(db, "bench", "bench_g")
+    publish_in_transactions(
+        db,
+        rows,
+        batch,
+        f"SELECT count(*) FROM mailbox.outbox_publish_batch('bench', ARRAY("
+        f"SELECT {PAYLOAD} FROM generate_series(%s::int, %s::int) g))",
+    )
+
+
+def mailbox_drain(dsn, batch):
+    done = 0
+    with connect(dsn, autocommit=False) as conn:
+        last = None
+        while True:
+            # the relay pattern: acknowledge the previous batch, lease the next one and COMMIT
+            # in one transaction and, with psycopg's pipeline mode, one network round trip
+            with conn.pipeline():
+                if last is not None:
+                    conn.execute("SELECT mailbox.commit_offset('bench_g', 'c', %s)", [last])
+                cur = conn.execute(
+                    "SELECT outbox_id, payload::text"
+                    " FROM mailbox.poll_outbox('bench_g', 'c', %s, 60)",
+                    [batch],
+                )
+                conn.commit()
+            got = cur.fetchall()
+            if not got:
+                return done
+            done += len(got)
+            last = got[-1][0]
+
+
+def plain_prepare(table, with_processed):
+    def prepare(db, rows, batch):
+        extra = ", processed_at timestamptz" if with_processed else ""
+        db.execute(f"DROP TABLE IF EXISTS {table}")
+        db.execute(
+            f"CREATE TABLE {table} (id bigserial PRIMARY KEY,"
+            f" created_at timestamptz DEFAULT now(), payload jsonb NOT NULL{extra})"
+        )
+        if with_processed:
+            db.execute(f"CREATE INDEX ON {table} (id) WHERE processed_at IS NULL")
+        publish_in_transactions(
+            db,
+            rows,
+            batch,
+            f"INSERT INTO {table} (payload) SELECT {PAYLOAD}"
+            f" FROM generate_series(%s::int, %s::int) g",
+        )
+
+    return prepare
+
+
+def statement_drain(statement):
+    def drain(dsn, batch):
+        done = 0
+        with connect(dsn) as conn:  # autocommit: one statement, one transaction per batch
+            while got := conn.execute(statement, [batch]).fetchall():
+                done += len(got)
+        return done
+
+    return drain
+
+
+FLOOR_SQL = (
+    "DELETE FROM bench_floor WHERE id IN (SELECT id FROM bench_floor ORDER BY id LIMIT %s"
+    " FOR UPDATE SKIP LOCKED) RETURNING id, payload::text"
+)
+SKIP_SQL = (
+    "UPDATE bench_skip SET processed_at = now() WHERE id IN (SELECT id FROM bench_skip"
+    " WHERE processed_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+    " RETURNING id, payload::text"
+)
+
+
+def pgq_prepare(db, rows, batch):
+    """PgQ's batches are the events between two ticks; pgqd ticks while producers publish,
+    whether or not a consumer runs, so the ticks are part of the backlog (one per batch)."""
+    db.execute("CREATE EXTENSION IF NOT EXISTS pgq")
+    db.execute(
+        "SELECT pgq.unregister_consumer('bench_q', 'c'), pgq.drop_queue('bench_q')"
+        " WHERE EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bench_q')"
+    )
+    db.execute("SELECT pgq.create_queue('bench_q')")
+    db.execute("SELECT pgq.set_queue_config('bench_q', 'ticker_max_lag', '0')")
+    db.execute("SELECT pgq.register_consumer('bench_q', 'c')")
+    publish_in_transactions(
+        db,
+        rows,
+        batch,
+        f"SELECT count(pgq.insert_event('bench_q', 'e', ({PAYLOAD})::text))"
+        f" FROM generate_series(%s::int, %s::int) g",
+        after="SELECT pgq.ticker('bench_q')",
+    )
+
+
+def pgq_drain(dsn, batch):
+    """finish_batch of the previous batch, next_batch + get_batch_events and COMMIT in one
+    pipeline: the same single round trip per batch as pg_mailbox's relay loop."""
+    done = 0
+    with connect(dsn, autocommit=False) as conn:
+        last = None
+        while True:
+            with conn.pipeline():
+                if last is not None:
+                    conn.execute("SELECT pgq.finish_batch(%s)", [last])
+                cur = conn.execute(
+                    "SELECT b.id, e.ev_id, e.ev_data FROM pgq.next_batch('bench_q', 'c') AS b (id)"
+                    " LEFT JOIN LATERAL (SELECT ev_id, ev_data FROM pgq.get_batch_events(b.id)"
+                    " WHERE b.id IS NOT NULL OFFSET 0) AS e ON true"
+                )
+                conn.commit()
+            got = cur.fetchall()
+            last = got[0][0]
+            if last is None:
+                return done
+            done += sum(1 for r in got if r[1] is not None)
+
+
+DRAIN_SYSTEMS = {
+    "DELETE ... RETURNING (floor)": (
+        plain_prepare("bench_floor", False),
+        statement_drain(FLOOR_SQL),
+    ),
+    "PgQ": (pgq_prepare, pgq_drain),
+    "SKIP LOCKED + UPDATE": (plain_prepare("bench_skip", True), statement_drain(SKIP_SQL)),
+    "pg_mailbox poll+commit": (mailbox_prepare, mailbox_drain),
+}
+FLOOR, PGQ, MAILBOX = "DELETE ... RETURNING (floor)", "PgQ", "pg_mailbox poll+commit"
+
+
+def drain_once(dsn, system, rows, batch):
+    prepare, drain = DRAIN_SYSTEMS[system]
     with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('bench', true)")
-        db.execute("SELECT mailbox.create_outbox('bench', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('bench_g', 'bench', 'earliest')")
-        for start in range(1, rows + 1, 50000):
-            db.execute(
-                f"SELECT count(*) FROM mailbox.outbox_publish_batch('bench', ARRAY("
-                f"SELECT {PAYLOAD} FROM generate_series(%s::int, %s::int) g))",
-                [start, min(start + 49999, rows)],
-            )
-        # number the backlog first, as a running relay would have while rows arrived
-        db.execute("SELECT * FROM mailbox.consumer_lag('bench_g')")
-    counts = [0] * consumers
+        prepare(db, rows, batch)
+        db.execute("CHECKPOINT")  # the loader's dirty pages are not the consumer's cost
+    started = time.perf_counter()
+    done = drain(dsn, batch)
+    elapsed = time.perf_counter() - started
+    assert done == rows, f"{system}: drained {done} of {rows}"
+    return rows / elapsed
 
-    def consume(i):
+
+def drain_section(dsn, args, out):
+    backlogs = [args.rows] + ([args.big_drain] if args.big_drain else [])
+    cells = [(rows, batch) for rows in backlogs for batch in (100, 1000)]
+    rates = {(c, s): [] for c in cells for s in DRAIN_SYSTEMS}
+    for _ in range(args.repeat):
+        for cell in cells:
+            for system in DRAIN_SYSTEMS:  # round-robin: every system once per round
+                rate = drain_once(dsn, system, *cell)
+                rates[(cell, system)].append(rate)
+                progress(f"drain {cell[0]:,} batch {cell[1]}: {system} {rate:,.0f} msg/s")
+    body = []
+    for cell in cells:
+        floor = median(rates[(cell, FLOOR)])
+        pgq = median(rates[(cell, PGQ)])
+        for system in DRAIN_SYSTEMS:
+            runs = rates[(cell, system)]
+            mid = median(runs)
+            body.append(
+                (
+                    f"{cell[0]:,}",
+                    cell[1],
+                    system,
+                    f"{mid:,.0f}",
+                    f"{min(runs):,.0f}-{max(runs):,.0f}",
+                    f"{mid / floor:.2f}",
+                    f"{mid / pgq:.2f}",
+                )
+            )
+    out.table(
+        f"drain: one consumer, unread backlog, msg/s (median of {args.repeat} interleaved rounds)",
+        ("backlog", "batch", "system", "msg/s", "range", "x floor", "x PgQ"),
+        body,
+        notes=[
+            "all: backlog published in transactions of `batch` rows, CHECKPOINT, then the clock"
+            " (caches as the loader left them);",
+            "  payload returned as text; 1 round trip per batch (ack previous + fetch next +"
+            " COMMIT); no VACUUM/ANALYZE",
+            "pg_mailbox: the clock includes numbering the backlog (polls number the rows"
+            " they reach), leases and offset commits",
+            "PgQ: a tick after each `batch` events while publishing (pgqd's job, outside the"
+            " clock); events stored as text, the others store jsonb",
+            "floor / SKIP LOCKED: autocommit statement per batch; the floor deletes, SKIP LOCKED"
+            " sets processed_at (a partial index on unprocessed ids)",
+        ],
+    )
+
+
+# ================================================================ steady state
+def steady_producer(dsn, i, per_txn, interval, start_at, stop_at, results):
+    """One producer process (no GIL shared with the relay): a transaction of per_txn rows
+    every `interval` seconds from start_at to stop_at; sends back (event_id, commit time)."""
+    try:
+        ids, times = [], []
         with connect(dsn, autocommit=False) as conn:
+            n = 0
+            due = start_at
+            while due < stop_at:
+                pause = due - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                with conn.pipeline():
+                    cur = conn.execute(
+                        "SELECT mailbox.outbox_publish_batch('steady', ARRAY("
+                        "SELECT jsonb_build_object('producer', %s::int, 'n', g, 'order_id', g)"
+                        " FROM generate_series(%s::int, %s::int) g))",
+                        [i, n, n + per_txn - 1],
+                    )
+                    conn.commit()
+                now = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+                for (event_id,) in cur.fetchall():
+                    ids.append(event_id)
+                    times.append(now)
+                n += per_txn
+                due += interval  # fixed schedule: a late commit does not move the next one
+        results.put((ids, times))
+    except BaseException as exc:
+        results.put(exc)
+
+
+def steady_section(dsn, args, out):
+    """Producers publish at --rate while one relay keeps up; all of it against the clock."""
+    with connect(dsn) as db:
+        reset_outbox(db, "steady", "steady_g")
+    received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
+    stop_consuming = threading.Event()
+    lags: list[int] = []
+    errors: list[BaseException] = []
+    per_txn = args.txn_rows
+    interval = per_txn * args.producers / args.rate  # seconds between one producer's commits
+
+    # producers are processes forked before any thread starts here, so that the relay's
+    # latency does not include waiting for the GIL behind a producer
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    start_at = time.perf_counter() + 1.0  # the relay is listening by then
+    stop_at = start_at + args.steady_seconds
+    procs = [
+        ctx.Process(
+            target=steady_producer,
+            args=(
+                dsn,
+                i,
+                per_txn,
+                interval,
+                start_at + i * interval / args.producers,  # staggered
+                stop_at,
+                results,
+            ),
+        )
+        for i in range(args.producers)
+    ]
+    for p in procs:
+        p.start()
+
+    def guarded(fn):
+        def run(*a):
+            try:
+                fn(*a)
+            except BaseException as exc:  # reported after the run
+                errors.append(exc)
+                stop_consuming.set()
+
+        return run
+
+    @guarded
+    def consume():
+        with connect(dsn, autocommit=False) as conn:
+            conn.execute("LISTEN mailbox_outbox_new")
+            conn.commit()
             last = None
-            while True:
-                # the relay pattern: acknowledge the previous batch and lease the next one in
-                # one transaction and, with psycopg's pipeline mode, one network round trip
+            looked_again = False
+            while not stop_consuming.is_set():
+                # notifies that arrived before this poll are answered by it: drop them
+                for _note in conn.notifies(timeout=0):
+                    pass
                 with conn.pipeline():
                     if last is not None:
-                        conn.execute(
-                            "SELECT mailbox.commit_offset('bench_g', %s, %s)", [f"c{i}", last]
-                        )
+                        conn.execute("SELECT mailbox.commit_offset('steady_g', 'c', %s)", [last])
                     cur = conn.execute(
-                        "SELECT outbox_id, payload::text"
-                        " FROM mailbox.poll_outbox('bench_g', %s, %s, 60)",
-                        [f"c{i}", batch],
+                        "SELECT outbox_id, event_id, payload::text"
+                        " FROM mailbox.poll_outbox('steady_g', 'c', %s, 60)",
+                        [args.steady_batch],
                     )
                     conn.commit()
                 got = cur.fetchall()
-                if not got:
-                    if last is None:
-                        return
-                    last = None
+                now = time.perf_counter()
+                if got:
+                    for _offset, event_id, _payload in got:
+                        received_at[event_id] = now
+                    last = got[-1][0]
+                    looked_again = False
                     continue
-                counts[i] += len(got)
-                last = got[-1][0]
+                last = None  # committed in the transaction that found nothing
+                if not looked_again:
+                    # the loop of docs/consumer-groups.md: the empty poll recorded us as
+                    # waiting; a producer that checked just before it did not notify, so look
+                    # once more in a moment
+                    looked_again = True
+                    time.sleep(0.005)
+                    continue
+                # psycopg keeps notifies that arrive during a query for the next notifies()
+                # call, so one that came in during the empty poll wakes us at once
+                for _note in conn.notifies(timeout=args.fallback, stop_after=1):
+                    pass
 
-    elapsed = run_threads(consumers, consume)
-    assert sum(counts) == rows, (sum(counts), rows)
-    return rows / elapsed
-
-
-# ---------------------------------------------------------------- drain: baselines
-def plain_queue_setup(db, table, rows, with_processed):
-    extra = ", processed_at timestamptz" if with_processed else ""
-    db.execute(f"DROP TABLE IF EXISTS {table}")
-    db.execute(
-        f"CREATE TABLE {table} (id bigserial PRIMARY KEY, created_at timestamptz DEFAULT now(),"
-        f" payload jsonb NOT NULL{extra})"
-    )
-    if with_processed:
-        db.execute(f"CREATE INDEX ON {table} (id) WHERE processed_at IS NULL")
-    db.execute(
-        f"INSERT INTO {table} (payload) SELECT {PAYLOAD} FROM generate_series(1, %s) g", [rows]
-    )
-    db.execute(f"VACUUM ANALYZE {table}")
-
-
-def sql_drain(dsn, rows, batch, consumers, setup, statement):
-    with connect(dsn) as db:
-        setup(db)
-    counts = [0] * consumers
-
-    def consume(i):
+    @guarded
+    def sample():
         with connect(dsn) as conn:
-            while True:
-                got = conn.execute(statement, [batch]).fetchall()
-                if not got:
-                    return
-                counts[i] += len(got)
+            while not stop_consuming.wait(1.0):
+                if start_at <= time.perf_counter() <= stop_at:
+                    lags.append(
+                        conn.execute(
+                            "SELECT coalesce(max(lag), 0) FROM mailbox.consumer_lag('steady_g')"
+                        ).fetchone()[0]
+                    )
 
-    elapsed = run_threads(consumers, consume)
-    assert sum(counts) == rows, (sum(counts), rows)
-    return rows / elapsed
-
-
-def delete_floor(dsn, rows, batch, consumers):
-    return sql_drain(
-        dsn,
-        rows,
-        batch,
-        consumers,
-        lambda db: plain_queue_setup(db, "bench_floor", rows, False),
-        "DELETE FROM bench_floor WHERE id IN (SELECT id FROM bench_floor ORDER BY id LIMIT %s"
-        " FOR UPDATE SKIP LOCKED) RETURNING id, payload::text",
-    )
-
-
-def skip_locked_outbox(dsn, rows, batch, consumers):
-    return sql_drain(
-        dsn,
-        rows,
-        batch,
-        consumers,
-        lambda db: plain_queue_setup(db, "bench_skip", rows, True),
-        "UPDATE bench_skip SET processed_at = now() WHERE id IN (SELECT id FROM bench_skip"
-        " WHERE processed_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-        " RETURNING id, payload::text",
-    )
-
-
-def pgq_drain(dsn, rows, batch, consumers):
-    """PgQ with ticks every `batch` events: one consumer (PgQ has no competing consumers)."""
-    with connect(dsn) as db:
-        db.execute("CREATE EXTENSION IF NOT EXISTS pgq")
-        db.execute(
-            "SELECT pgq.unregister_consumer('bench_q', 'c')"
-            " WHERE EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bench_q')"
-        )
-        db.execute(
-            "SELECT pgq.drop_queue('bench_q')"
-            " WHERE EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bench_q')"
-        )
-        db.execute("SELECT pgq.create_queue('bench_q')")
-        db.execute("SELECT pgq.set_queue_config('bench_q', 'ticker_max_lag', '0')")
-        db.execute("SELECT pgq.register_consumer('bench_q', 'c')")
-        for start in range(1, rows + 1, batch):
-            db.execute(
-                f"SELECT count(pgq.insert_event('bench_q', 'e', ({PAYLOAD})::text))"
-                f" FROM generate_series(%s::int, %s::int) g",
-                [start, min(start + batch - 1, rows)],
-            )
-            db.execute("SELECT pgq.ticker('bench_q')")
-    done = 0
-    started = time.perf_counter()
-    with connect(dsn, autocommit=False) as conn:
-        while True:
-            batch_id = conn.execute("SELECT pgq.next_batch('bench_q', 'c')").fetchone()[0]
-            if batch_id is None:
-                conn.commit()
+    consumer = threading.Thread(target=consume)
+    sampler = threading.Thread(target=sample)
+    consumer.start()
+    sampler.start()
+    committed_at: dict = {}  # event_id -> perf_counter right after the producer's COMMIT
+    try:
+        for _ in procs:
+            got = results.get(timeout=args.steady_seconds + 120)
+            if isinstance(got, BaseException):
+                raise got
+            committed_at.update(zip(*got, strict=True))
+        for p in procs:
+            p.join()
+        deadline = time.perf_counter() + 60
+        while len(received_at) < len(committed_at) and time.perf_counter() < deadline:
+            if errors:
                 break
-            got = conn.execute(
-                "SELECT ev_id, ev_data FROM pgq.get_batch_events(%s)", [batch_id]
-            ).fetchall()
-            conn.execute("SELECT pgq.finish_batch(%s)", [batch_id])
-            conn.commit()
-            done += len(got)
-    elapsed = time.perf_counter() - started
-    assert done == rows, (done, rows)
-    return rows / elapsed
+            time.sleep(0.05)
+    finally:
+        stop_consuming.set()
+        consumer.join()
+        sampler.join()
+        for p in procs:
+            p.join(timeout=5)
+    if errors:
+        raise errors[0]
+    missing = len(committed_at) - len(received_at.keys() & committed_at.keys())
+    assert missing == 0, f"steady: {missing} committed events never reached the consumer"
+    latencies = [(received_at[e] - committed_at[e]) * 1000 for e in committed_at]
+    published_for = max(committed_at.values()) - start_at
+    end_to_end = len(committed_at) / (max(received_at.values()) - start_at)
+    late = sum(1 for x in latencies if x > args.fallback * 1000 / 2)
+    body = [
+        ("offered rate (msg/s)", f"{args.rate:,}"),
+        ("published (msg/s)", f"{len(committed_at) / published_for:,.0f}"),
+        ("end-to-end (msg/s, first publish to last delivery)", f"{end_to_end:,.0f}"),
+        ("messages", f"{len(committed_at):,}"),
+        ("lag, rows: median / max of 1 s samples", f"{median(lags):,.0f} / {max(lags or [0]):,}"),
+        (
+            "commit -> consumer latency, ms: p50 / p99 / max",
+            f"{percentile(latencies, 50):.2f} / {percentile(latencies, 99):.2f}"
+            f" / {max(latencies):.2f}",
+        ),
+        (f"delivered later than {args.fallback / 2:g} s (missed wake-ups)", f"{late:,}"),
+    ]
+    out.table(
+        f"steady state: {args.producers} producers, {per_txn} rows per transaction,"
+        f" {args.steady_seconds:g} s; one relay (batch {args.steady_batch})",
+        ("what", "value"),
+        body,
+        notes=[
+            "producers (one process each): outbox_publish_batch + COMMIT (one round trip) on a"
+            " fixed schedule; commit time taken when COMMIT returns",
+            "relay (docs/consumer-groups.md's loop): LISTEN mailbox_outbox_new; commit_offset +"
+            " poll_outbox + COMMIT pipelined until empty, once more 5 ms later, then wait for"
+            f" a notify (fallback poll every {args.fallback:g} s)",
+            "latency: consumer's poll returned minus producer's COMMIT returned, per event_id,"
+            " same clock (may be slightly negative)",
+            "no baseline runs here: read it against the offered rate",
+        ],
+    )
 
 
-# ---------------------------------------------------------------- latency and lag
-def percentiles(samples):
-    samples = sorted(samples)
-    return statistics.median(samples), samples[int(len(samples) * 0.95) - 1]
-
-
-def backlog(dsn, rows):
+# ================================================================ latency and retention
+def latency_backlog(dsn, rows):
     with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('lat', true)")
-        db.execute("SELECT mailbox.create_outbox('lat', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('lat_g', 'lat', 'earliest')")
-        for start in range(1, rows + 1, 100000):
-            db.execute(
-                f"SELECT count(*) FROM mailbox.outbox_publish_batch('lat', ARRAY("
-                f"SELECT {PAYLOAD} FROM generate_series(%s::int, %s::int) g))",
-                [start, min(start + 99999, rows)],
-            )
-        db.execute(
-            "SELECT * FROM mailbox.consumer_lag('lat_g')"
-        )  # numbered once, like a live relay
-        db.execute("VACUUM ANALYZE mailbox.outbox_lat")
+        reset_outbox(db, "lat", "lat_g")
+        publish_in_transactions(
+            db,
+            rows,
+            1000,
+            f"SELECT count(*) FROM mailbox.outbox_publish_batch('lat', ARRAY("
+            f"SELECT {PAYLOAD} FROM generate_series(%s::int, %s::int) g))",
+        )
+        db.execute("CHECKPOINT")
 
 
-def poll_latency(dsn, samples=300):
-    poll_ms = []
+def poll_latency(dsn, samples):
+    """The first poll numbers the unread backlog; reported apart from the ones after it."""
+    ms = []
     with connect(dsn) as conn:
         for _ in range(samples):
             started = time.perf_counter()
             got = conn.execute(
-                "SELECT outbox_id FROM mailbox.poll_outbox('lat_g', 'c', 100)"
+                "SELECT outbox_id, payload::text FROM mailbox.poll_outbox('lat_g', 'c', 100)"
             ).fetchall()
-            poll_ms.append((time.perf_counter() - started) * 1000)
+            ms.append((time.perf_counter() - started) * 1000)
             conn.execute("SELECT mailbox.commit_offset('lat_g', 'c', %s)", [got[-1][0]])
-    return percentiles(poll_ms)
+    return ms[0], ms[1:]
 
 
 def lag_latency(dsn, samples=100):
@@ -240,61 +547,119 @@ def lag_latency(dsn, samples=100):
             started = time.perf_counter()
             conn.execute("SELECT * FROM mailbox.consumer_lag('lat_g')").fetchall()
             ms.append((time.perf_counter() - started) * 1000)
-    return percentiles(ms)
+    return ms
 
 
-def sizes(dsn):
+def idle_latency(dsn, samples):
+    """Commit of a publish -> a LISTENing, idle consumer's poll has returned the row.
+    Returns the times (ms) and how many samples got no notification within 5 s."""
     with connect(dsn) as db:
-        return db.execute(
-            "SELECT pg_relation_size('mailbox.outbox_lat'), pg_indexes_size('mailbox.outbox_lat')"
-        ).fetchone()
+        reset_outbox(db, "idle", "idle_g", "latest")
+    ms, unwoken = [], 0
+    poll = "SELECT outbox_id, payload::text FROM mailbox.poll_outbox('idle_g', 'c', 100)"
+    with connect(dsn) as listener, connect(dsn, autocommit=False) as producer:
+        listener.execute("LISTEN mailbox_outbox_new")
+        for _ in range(samples):
+            # idle as a relay is: its last poll came back empty, which records it as waiting
+            # (producers notify only while a consumer waits)
+            assert not listener.execute(poll).fetchall()
+            for _note in listener.notifies(timeout=0):
+                pass
+            producer.execute("SELECT mailbox.outbox_publish('idle', '{}')")
+            started = time.perf_counter()
+            producer.commit()
+            woken = False
+            for _note in listener.notifies(timeout=5, stop_after=1):
+                woken = True
+            got = listener.execute(poll).fetchall()
+            ms.append((time.perf_counter() - started) * 1000)
+            unwoken += not woken
+            assert got, "notified but nothing to poll"
+            listener.execute("SELECT mailbox.commit_offset('idle_g', 'c', %s)", [got[-1][0]])
+    return ms, unwoken
 
 
-def drain_and_shrink(dsn):
+def sizes(db):
+    return db.execute(
+        "SELECT pg_relation_size('mailbox.outbox_lat'), pg_indexes_size('mailbox.outbox_lat')"
+    ).fetchone()
+
+
+def latency_section(dsn, args, out):
+    body = []
+    for size in (min(10000, args.big // 10), args.big):
+        latency_backlog(dsn, size)
+        polls = min(301, size // 100)
+        first, later = poll_latency(dsn, samples=polls)
+        body.append((f"first poll_outbox, unread backlog {size:,}", f"{first:.2f}"))
+        body.append(
+            (
+                f"later poll_outbox, batch 100, backlog {size:,}",
+                f"{percentile(later, 50):.2f}",
+                f"{percentile(later, 95):.2f}",
+            )
+        )
+    ms = lag_latency(dsn)
+    body.append(
+        (
+            f"first consumer_lag, {args.big:,} rows, {polls} x 100 polled (numbers the rest)",
+            f"{ms[0]:.2f}",
+        )
+    )
+    body.append(
+        (
+            f"later consumer_lag, {args.big:,} rows",
+            f"{percentile(ms[1:], 50):.2f}",
+            f"{percentile(ms[1:], 95):.2f}",
+        )
+    )
+    ms, unwoken = idle_latency(dsn, args.idle_samples)
+    body.append(
+        (
+            "idle: commit -> LISTENing consumer's poll returned"
+            + (f" ({unwoken} of {len(ms)} not woken)" if unwoken else ""),
+            f"{percentile(ms, 50):.2f}",
+            f"{percentile(ms, 95):.2f}",
+        )
+    )
+    out.table(
+        "latency (ms; a single value is one call)",
+        ("what", "p50", "p95"),
+        [row + ("",) * (3 - len(row)) for row in body],
+        notes=[
+            "backlogs published in 1,000-row transactions, CHECKPOINT, no VACUUM/ANALYZE;",
+            "  a poll numbers the rows it needs (at least 1,000), consumer_lag numbers them all",
+        ],
+    )
+
+
+def retention_section(dsn, args, out):
+    if "latency" not in args.sections:
+        latency_backlog(dsn, args.big)
     with connect(dsn) as db:
-        before = sizes(dsn)
+        before = sizes(db)
         while got := db.execute(
-            "SELECT max(outbox_id), count(*) FROM mailbox.poll_outbox('lat_g', 'c', 10000)"
+            "SELECT max(outbox_id) FROM mailbox.poll_outbox('lat_g', 'c', 10000)"
         ).fetchone()[0]:
             db.execute("SELECT mailbox.commit_offset('lat_g', 'c', %s)", [got])
         started = time.perf_counter()
         result = db.execute("SELECT mailbox.run_maintenance()").fetchone()[0]
         elapsed = time.perf_counter() - started
-        return before, sizes(dsn), result, elapsed
+        after = sizes(db)
+    assert result["outbox_tables_truncated"] >= 1, result
+    out.table(
+        f"retention: {args.big:,} rows drained, then one run_maintenance ({elapsed:.1f} s)",
+        ("", "table bytes", "index bytes"),
+        [
+            ("before", f"{before[0]:,}", f"{before[1]:,}"),
+            ("after", f"{after[0]:,}", f"{after[1]:,}"),
+        ],
+    )
 
 
-def idle_latency(dsn, samples=200):
-    """Commit of a publish -> a LISTENing consumer's poll has returned the row."""
-    with connect(dsn) as db:
-        db.execute("SELECT mailbox.drop_outbox('idle', true)")
-        db.execute("SELECT mailbox.create_outbox('idle', 0)")
-        db.execute("SELECT mailbox.create_consumer_group('idle_g', 'idle', 'latest')")
-    listener = connect(dsn)
-    listener.execute("LISTEN mailbox_outbox_new")
-    producer = connect(dsn, autocommit=False)
-    ms = []
-    for _ in range(samples):
-        producer.execute("SELECT mailbox.outbox_publish('idle', '{}')")
-        started = time.perf_counter()
-        producer.commit()
-        for _note in listener.notifies(timeout=5, stop_after=1):
-            pass
-        got = listener.execute(
-            "SELECT outbox_id FROM mailbox.poll_outbox('idle_g', 'c', 100)"
-        ).fetchall()
-        ms.append((time.perf_counter() - started) * 1000)
-        assert got, "notified but nothing to poll"
-        listener.execute("SELECT mailbox.commit_offset('idle_g', 'c', %s)", [got[-1][0]])
-    listener.close()
-    producer.close()
-    return percentiles(ms)
-
-
-# ---------------------------------------------------------------- producer (pgbench)
+# ================================================================ producer (pgbench)
 PGBENCH_SETUP = """
 DROP TABLE IF EXISTS bench_orders, bench_orders_captured, bench_events CASCADE;
-SELECT mailbox.drop_outbox('bench_orders_captured', true);
-SELECT mailbox.drop_outbox('bench_pub', true);
 CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text, amount numeric);
 CREATE TABLE bench_orders_captured (id bigserial PRIMARY KEY, customer text, amount numeric);
 CREATE TABLE bench_events (id bigserial PRIMARY KEY, created_at timestamptz DEFAULT now(),
@@ -318,61 +683,170 @@ SCRIPTS = {
 }
 
 
+def pgbench_bin():
+    found = shutil.which("pgbench")
+    if os.environ.get("PG_CONFIG"):
+        bindir = subprocess.run(
+            [os.environ["PG_CONFIG"], "--bindir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        found = os.path.join(bindir, "pgbench")
+    return found or "/usr/lib/postgresql/15/bin/pgbench"
+
+
 def pgbench(dsn, script, seconds, options):
-    pgbench_bin = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
     env = dict(os.environ, PGOPTIONS=options)
-    out = subprocess.run(
-        [pgbench_bin, "-n", "-c", "8", "-j", "2", "-T", str(seconds), "-f", f.name, dsn],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    ).stdout
-    os.unlink(f.name)
+    try:
+        out = subprocess.run(
+            [pgbench_bin(), "-n", "-c", "8", "-j", "2", "-T", str(seconds), "-f", f.name, dsn],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(f.name)
     for line in out.splitlines():
         if line.startswith("tps ="):
             return float(line.split()[2])
     raise RuntimeError(out)
 
 
-def producer(dsn, seconds, options):
-    with connect(dsn) as db:
-        db.execute(PGBENCH_SETUP)
-    results = {}
-    for name, script in SCRIPTS.items():
-        results[name] = pgbench(dsn, script, seconds, options)
-    results["order + outbox_publish, NOTIFY off"] = pgbench(
-        dsn, SCRIPTS["order + outbox_publish"], seconds, options + " -c mailbox.outbox_notify=off"
-    )
-    results["captured order insert, NOTIFY off"] = pgbench(
-        dsn, SCRIPTS["captured order insert"], seconds, options + " -c mailbox.outbox_notify=off"
-    )
-    return results
+def producer_section(dsn, args, out):
+    modes = [("synchronous_commit on", "")]
+    if not args.quick:
+        modes.append(("synchronous_commit off", "-c synchronous_commit=off"))
+    cases = [(name, script, "") for name, script in SCRIPTS.items()] + [
+        (f"{name}, NOTIFY off", SCRIPTS[name], " -c mailbox.outbox_notify=off")
+        for name in ("order + outbox_publish", "captured order insert")
+    ]
+    for label, options in modes:
+        with connect(dsn) as db:
+            drop_outbox(db, "bench_orders_captured")
+            drop_outbox(db, "bench_pub")
+            db.execute(PGBENCH_SETUP)
+        tps = {name: [] for name, _s, _o in cases}
+        for _ in range(args.pgbench_repeat):  # interleaved rounds, like the drains
+            for name, script, extra in cases:
+                with connect(dsn) as db:
+                    db.execute("CHECKPOINT")  # no run pays for the previous run's dirty pages
+                tps[name].append(pgbench(dsn, script, args.pgbench_seconds, options + extra))
+                progress(f"producer, {label}: {name} {tps[name][-1]:,.0f} tps")
+        base = median(tps[cases[0][0]])
+        out.table(
+            f"producer: pgbench, 8 clients, {args.pgbench_seconds} s per run, {label}"
+            f" (TPS, median of {args.pgbench_repeat} interleaved rounds)",
+            ("transaction", "tps", "x baseline"),
+            [(n, f"{median(v):,.0f}", f"{median(v) / base:.2f}") for n, v in tps.items()],
+            notes=["each run: CHECKPOINT, then pgbench -n -c 8 -j 2; the tables keep growing"],
+        )
 
 
-# ---------------------------------------------------------------- main
-def table(title, header, body):
-    print(f"\n{title}")
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
-    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)))
-    for row in body:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+# ================================================================ report
+class Report:
+    def __init__(self):
+        self.started = time.perf_counter()
+
+    def line(self, text=""):
+        print(text, flush=True)
+
+    def table(self, title, header, body, notes=()):
+        self.line(f"\n{title}")
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
+        self.line("  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+        for row in body:
+            self.line("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for note in notes:
+            self.line(f"  {note}")
+
+
+def machine_facts(db):
+    def first(path, key):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(key):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return "?"
+
+    settings = db.execute(
+        "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ', ' ORDER BY name)"
+        " FROM pg_settings WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync',"
+        " 'autovacuum', 'max_wal_size', 'wal_level')"
+    ).fetchone()[0]
+    versions = db.execute(
+        "SELECT string_agg(extname || ' ' || extversion, ', ' ORDER BY extname) FROM pg_extension"
+        " WHERE extname IN ('pg_mailbox', 'pgq')"
+    ).fetchone()[0]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return [
+        f"command: {shlex.join([os.path.basename(sys.executable), *sys.argv])}",
+        f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; code: {commit or '?'}",
+        f"machine: {os.cpu_count()} cores ({first('/proc/cpuinfo', 'model name')}),"
+        f" {first('/proc/meminfo', 'MemTotal')} RAM, {platform.system()} {platform.release()}",
+        f"server: {db.execute('SELECT version()').fetchone()[0].split(' on ')[0]}; {versions}",
+        f"settings: {settings}",
+        f"client: Python {platform.python_version()}, psycopg {psycopg.__version__}, same host",
+        f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+    ]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="database with pg_mailbox (default: throwaway cluster)")
-    parser.add_argument("--rows", type=int, default=100000, help="rows per drain run")
-    parser.add_argument("--big", type=int, default=1000000, help="backlog for latency/lag")
-    parser.add_argument("--pgbench-seconds", type=int, default=15)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per drain cell (median)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--rows", type=int, default=100_000, help="drain backlog")
+    parser.add_argument(
+        "--big-drain", type=int, default=1_000_000, help="second drain backlog (0: skip it)"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per drain cell")
+    parser.add_argument("--big", type=int, default=1_000_000, help="latency/retention backlog")
+    parser.add_argument("--rate", type=int, default=5000, help="steady state: offered msg/s")
+    parser.add_argument("--steady-seconds", type=float, default=120)
+    parser.add_argument("--producers", type=int, default=4, help="steady state producers")
+    parser.add_argument("--txn-rows", type=int, default=10, help="rows per producer transaction")
+    parser.add_argument("--steady-batch", type=int, default=1000, help="relay poll batch size")
+    parser.add_argument("--fallback", type=float, default=1.0, help="relay poll without a notify")
+    parser.add_argument("--idle-samples", type=int, default=200)
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument("--pgbench-repeat", type=int, default=3, help="interleaved rounds")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)}",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    if parser.parse_known_args()[0].quick:  # smaller defaults; explicit options still win
+        parser.set_defaults(
+            rows=2000,
+            big_drain=0,
+            big=5000,
+            rate=500,
+            steady_seconds=2,
+            txn_rows=5,
+            producers=2,
+            idle_samples=10,
+            pgbench_seconds=1,
+            pgbench_repeat=1,
+        )
     args = parser.parse_args()
-    if args.quick:
-        args.rows, args.big, args.pgbench_seconds, args.repeat = 5000, 20000, 3, 1
+    args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
 
+    # a TERM (a timeout, kill) unwinds like an exception, so the throwaway cluster is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = None
     dsn = args.dsn
     if dsn is None:
@@ -392,86 +866,27 @@ def main():
 
 
 def run(dsn, args):
+    out = Report()
     with connect(dsn) as db:
-        version = db.execute("SELECT version()").fetchone()[0].split(" on ")[0]
-    print(
-        f"pg_mailbox outbox benchmark: {version}, {os.cpu_count()} cores,"
-        f" rows per drain run {args.rows}"
+        db.execute("CREATE EXTENSION IF NOT EXISTS pgq")
+        out.line("pg_mailbox outbox benchmark")
+        for fact in machine_facts(db):
+            out.line(f"  {fact}")
+    sections = {
+        "drain": drain_section,
+        "steady": steady_section,
+        "latency": latency_section,
+        "retention": retention_section,
+        "producer": producer_section,
+    }
+    for name in SECTIONS:
+        if name in args.sections:
+            progress(f"section {name}")
+            sections[name](dsn, args, out)
+    out.line(
+        f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
+        f" wall time {time.perf_counter() - out.started:.0f} s"
     )
-
-    # Each cell is the median of --repeat runs, the systems interleaved within each round, so
-    # a burst of load from elsewhere on the (shared) machine hits all of them alike.
-    def median_of(fn, *a):
-        return statistics.median(fn(*a) for _ in range(args.repeat))
-
-    drain_rows = []
-    for batch in (100, 1000):
-        floor1 = median_of(delete_floor, dsn, args.rows, batch, 1)
-        pgq = median_of(pgq_drain, dsn, args.rows, batch, 1)
-        skip1 = median_of(skip_locked_outbox, dsn, args.rows, batch, 1)
-        drain_rows.append((batch, 1, "DELETE ... RETURNING (floor)", f"{floor1:,.0f}", "1.00"))
-        drain_rows.append((batch, 1, "PgQ", f"{pgq:,.0f}", f"{pgq / floor1:.2f}"))
-        drain_rows.append(
-            (batch, 1, "SKIP LOCKED + UPDATE", f"{skip1:,.0f}", f"{skip1 / floor1:.2f}")
-        )
-        for consumers in (1, 2, 4):
-            floors, ours = [], []
-            for _ in range(args.repeat):
-                floors.append(delete_floor(dsn, args.rows, batch, consumers))
-                ours.append(mailbox_drain(dsn, args.rows, batch, consumers))
-            floor, mine = statistics.median(floors), statistics.median(ours)
-            drain_rows.append(
-                (batch, consumers, "floor, same rounds as the next row", f"{floor:,.0f}", "1.00")
-            )
-            drain_rows.append(
-                (
-                    batch,
-                    consumers,
-                    "pg_mailbox poll+commit",
-                    f"{mine:,.0f}",
-                    f"{mine / floor:.2f} (PgQ {mine / pgq:.2f})",
-                )
-            )
-    table(
-        "drain throughput (msg/s; ratio to the floor with the same batch and consumers)",
-        ("batch", "consumers", "system", "msg/s", "ratio"),
-        drain_rows,
-    )
-
-    lat_rows = []
-    for size in (10000, args.big):
-        backlog(dsn, size)
-        p50, p95 = poll_latency(dsn, samples=min(300, size // 100 - 1))
-        lat_rows.append((f"poll_outbox, batch 100, backlog {size:,}", f"{p50:.2f}", f"{p95:.2f}"))
-        if size == args.big:
-            p50, p95 = lag_latency(dsn)
-            lat_rows.append((f"consumer_lag, {size:,} rows", f"{p50:.2f}", f"{p95:.2f}"))
-    p50, p95 = idle_latency(dsn)
-    lat_rows.append(("commit -> LISTENing consumer's poll", f"{p50:.2f}", f"{p95:.2f}"))
-    table("latency (ms)", ("what", "p50", "p95"), lat_rows)
-
-    before, after, result, elapsed = drain_and_shrink(dsn)
-    table(
-        f"retention after draining {args.big:,} rows (one run_maintenance, {elapsed:.1f} s)",
-        ("", "table bytes", "index bytes"),
-        [
-            ("before", f"{before[0]:,}", f"{before[1]:,}"),
-            ("after", f"{after[0]:,}", f"{after[1]:,}"),
-        ],
-    )
-    assert result["outbox_tables_truncated"] >= 1, result
-
-    for label, options in (
-        ("synchronous_commit on", ""),
-        ("synchronous_commit off", "-c synchronous_commit=off"),
-    ):
-        tps = producer(dsn, args.pgbench_seconds, options)
-        base = tps["baseline: order + INSERT event"]
-        table(
-            f"producer, pgbench 8 clients, {args.pgbench_seconds} s each, {label} (TPS)",
-            ("transaction", "tps", "ratio"),
-            [(name, f"{v:,.0f}", f"{v / base:.2f}") for name, v in tps.items()],
-        )
 
 
 if __name__ == "__main__":
