@@ -57,12 +57,15 @@ def publish(dsn, pattern, rows):
         per = rows // 8
 
         def produce(i):
-            with psycopg.connect(dsn, autocommit=True) as conn, conn.pipeline():
+            with psycopg.connect(dsn, autocommit=True) as conn, conn.pipeline() as pipeline:
                 for n in range(per):
                     conn.execute(
                         "SELECT mailbox.outbox_publish('nb', jsonb_build_object('p', %s, 'n', %s))",
                         [i, n],
                     )
+                    # a Sync after each statement ends its implicit transaction: without it the
+                    # pipelined statements of one producer form one transaction
+                    pipeline.sync()
 
         threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
         for t in threads:
@@ -86,6 +89,9 @@ def main():
     parser.add_argument("--big", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="10k / 100k rows, one round")
+    parser.add_argument(
+        "--patterns", default="txn1000,conc1,one", help="comma-separated subset of the patterns"
+    )
     args = parser.parse_args()
     if args.quick:
         args.small, args.big, args.repeat = 10_000, 100_000, 1
@@ -104,7 +110,7 @@ def main():
     try:
         cells = [
             (pattern, autovacuum, rows)
-            for pattern in ("txn1000", "conc1", "one")
+            for pattern in args.patterns.split(",")
             for autovacuum in ("off", "on")
             for rows in (args.small, args.big)
         ]
