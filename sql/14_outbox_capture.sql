@@ -147,22 +147,14 @@ $body$,
 END
 $gen$;
 
--- The name of outbox p_key's capture trigger function.
-CREATE FUNCTION mailbox._capture_function(p_key int)
+-- The name of one of outbox p_key's generated functions owned by its table's owner:
+-- 'capture' (the trigger function) or 'rows' (the snapshot reader, part 15).
+CREATE FUNCTION mailbox._owner_function(p_key int, p_kind text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_capture');
-$$;
-
--- The name of outbox p_key's row reader for snapshots (part 15).
-CREATE FUNCTION mailbox._rows_function(p_key int)
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_rows');
+    SELECT pg_catalog.format('mailbox.%I', '_outbox_' || p_key || '_' || p_kind);
 $$;
 
 -- (Re)creates outbox p_key's capture function for the current owner of its table, grants that
@@ -176,8 +168,8 @@ DECLARE
     v_outbox mailbox._outbox;
     v_table regclass;
     v_owner regrole;
-    v_fn text := mailbox._capture_function(p_key);
-    v_rows text := mailbox._rows_function(p_key);
+    v_fn text := mailbox._owner_function(p_key, 'capture');
+    v_rows text := mailbox._owner_function(p_key, 'rows');
 BEGIN
     SELECT * INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_key = p_key;
     SELECT c.oid, c.relowner INTO v_table, v_owner FROM pg_catalog.pg_class AS c WHERE c.oid = v_outbox.source_rel;
@@ -247,7 +239,7 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_fn regprocedure := pg_catalog.to_regprocedure(mailbox._capture_function(p_key) || '()');
+    v_fn regprocedure := pg_catalog.to_regprocedure(mailbox._owner_function(p_key, 'capture') || '()');
     v_trigger record;
     v_old_owner regrole;
     v_name text := (SELECT o.outbox_name FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
@@ -270,7 +262,7 @@ BEGIN
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
     END LOOP;
     EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
-    EXECUTE pg_catalog.format('DROP FUNCTION IF EXISTS %s(regclass)', mailbox._rows_function(p_key));
+    EXECUTE pg_catalog.format('DROP FUNCTION IF EXISTS %s(regclass)', mailbox._owner_function(p_key, 'rows'));
 END
 $$;
 

@@ -86,7 +86,7 @@ BEGIN
     -- call run the owner's casts as the extension owner). Lock its catalog row, which holds off
     -- any ALTER FUNCTION until this transaction ends, then check it is still a definer function
     -- of the table's owner.
-    v_reader := pg_catalog.to_regprocedure(mailbox._rows_function(v_outbox.outbox_key) || '(regclass)');
+    v_reader := pg_catalog.to_regprocedure(mailbox._owner_function(v_outbox.outbox_key, 'rows') || '(regclass)');
     PERFORM 1 FROM pg_catalog.pg_proc AS p WHERE p.oid = v_reader FOR SHARE;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_class AS c ON c.oid = v_rel
                     WHERE p.oid = v_reader AND p.prosecdef AND p.proowner = c.relowner) THEN
@@ -100,7 +100,7 @@ BEGIN
     -- rows up to the threshold are kept for an inline row; past it, the claim-check row is
     -- written and the rows follow in pages of 1,000, so memory stays bounded
     PERFORM mailbox._owner_code_begin(); -- the reader runs the owner's casts in this session
-    FOR v_item IN EXECUTE pg_catalog.format('SELECT * FROM %s($1)', mailbox._rows_function(v_outbox.outbox_key))
+    FOR v_item IN EXECUTE pg_catalog.format('SELECT * FROM %s($1)', mailbox._owner_function(v_outbox.outbox_key, 'rows'))
                   USING v_rel LOOP
         v_count := v_count + 1;
         v_page := v_page || v_item;

@@ -31,7 +31,7 @@ SELECT o.outbox_name,
        o.source_rel IS NULL
            OR (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
                 WHERE t.tgrelid = o.source_rel
-                  AND t.tgfoid = pg_catalog.to_regprocedure(mailbox._capture_function(o.outbox_key) || '()')
+                  AND t.tgfoid = pg_catalog.to_regprocedure(mailbox._owner_function(o.outbox_key, 'capture') || '()')
                   AND t.tgenabled <> 'D') = 4
            AS enabled,
        o.retention_hours,
