@@ -24,6 +24,7 @@ privilege missing, and per-object authority (grant_outbox / revoke_outbox).
 """
 
 import re
+import time
 import uuid
 
 import psycopg
@@ -441,8 +442,18 @@ class Arena:
         return role_state(self.db, self.names.values(), table_owner=self.names["atk"])
 
     def close(self):
+        pids = [conn.info.backend_pid for conn in self.conns.values() if not conn.closed]
         for conn in self.conns.values():
             conn.close()
+        # a closed session drops its temporary objects (the shadow site's temp trigger) while
+        # its backend exits; DROP OWNED in the teardown would race it into a deadlock
+        deadline = time.monotonic() + 10
+        while pids and time.monotonic() < deadline:
+            if not scalar(
+                self.db, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]
+            ):
+                break
+            time.sleep(0.02)
 
     # -- running calls
 
