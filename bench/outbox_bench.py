@@ -28,6 +28,10 @@ Sections (--sections, default all):
 - retention: table + index bytes before and after draining --big rows and run_maintenance.
 - producer: pgbench, 8 clients: a transaction that inserts an order and an event into a
   plain table (baseline), calls outbox_publish, or inserts into a captured table.
+- soak: the steady state for --soak-seconds (600) with run_maintenance every
+  --maintain-interval seconds (60, as pg_cron would run it) on an outbox with retention 0;
+  the outbox's bytes (table + indexes, sampled every 10 s) at the end against after the
+  first minute (issue 8: at most 2x).
 
 Usage: python bench/outbox_bench.py [--dsn DSN] [--rows 100000] [--big-drain 1000000]
        [--repeat 3] [--rate 5000] [--steady-seconds 120] [--pgbench-seconds 10]
@@ -56,7 +60,7 @@ import time
 import psycopg
 
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
-SECTIONS = ("drain", "steady", "latency", "retention", "producer")
+SECTIONS = ("drain", "steady", "latency", "retention", "producer", "soak")
 
 
 def progress(text):
@@ -352,10 +356,15 @@ def steady_producer(dsn, i, per_txn, interval, start_at, stop_at, results):
         results.put(exc)
 
 
-def steady_section(dsn, args, out):
-    """Producers publish at --rate while one relay keeps up; all of it against the clock."""
+def steady_section(dsn, args, out, soak=False):
+    """Producers publish at --rate while one relay keeps up; all of it against the clock.
+    soak: for --soak-seconds, with run_maintenance every --maintain-interval seconds (as
+    pg_cron would run it) and the outbox's size sampled every 10 s."""
+    seconds = args.soak_seconds if soak else args.steady_seconds
     with connect(dsn) as db:
         reset_outbox(db, "steady", "steady_g")
+    size_samples: list[tuple[float, int, int]] = []  # (seconds since start, outbox, chunks)
+    maintenance_runs: list[float] = []
     received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
     stop_consuming = threading.Event()
     lags: list[int] = []
@@ -368,7 +377,7 @@ def steady_section(dsn, args, out):
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     start_at = time.perf_counter() + 1.0  # the relay is listening by then
-    stop_at = start_at + args.steady_seconds
+    stop_at = start_at + seconds
     procs = [
         ctx.Process(
             target=steady_producer,
@@ -449,14 +458,38 @@ def steady_section(dsn, args, out):
                         ).fetchone()[0]
                     )
 
-    consumer = threading.Thread(target=consume)
-    sampler = threading.Thread(target=sample)
-    consumer.start()
-    sampler.start()
+    @guarded
+    def maintain():
+        with connect(dsn) as conn:
+            while not stop_consuming.wait(args.maintain_interval):
+                began = time.perf_counter()
+                conn.execute("SELECT mailbox.run_maintenance()")
+                maintenance_runs.append(time.perf_counter() - began)
+
+    @guarded
+    def measure_size():
+        with connect(dsn) as conn:
+            while not stop_consuming.wait(10.0):
+                if time.perf_counter() <= stop_at:
+                    size_samples.append(
+                        (
+                            time.perf_counter() - start_at,
+                            *conn.execute(
+                                "SELECT (mailbox.outbox_status('steady')->>'total_bytes')::bigint,"
+                                " pg_total_relation_size('mailbox._outbox_chunk')"
+                            ).fetchone(),
+                        )
+                    )
+
+    threads = [threading.Thread(target=consume), threading.Thread(target=sample)]
+    if soak:
+        threads += [threading.Thread(target=maintain), threading.Thread(target=measure_size)]
+    for t in threads:
+        t.start()
     committed_at: dict = {}  # event_id -> perf_counter right after the producer's COMMIT
     try:
         for _ in procs:
-            got = results.get(timeout=args.steady_seconds + 120)
+            got = results.get(timeout=seconds + 120)
             if isinstance(got, BaseException):
                 raise got
             committed_at.update(zip(*got, strict=True))
@@ -469,8 +502,8 @@ def steady_section(dsn, args, out):
             time.sleep(0.05)
     finally:
         stop_consuming.set()
-        consumer.join()
-        sampler.join()
+        for t in threads:
+            t.join()
         for p in procs:
             p.join(timeout=5)
     if errors:
@@ -494,9 +527,28 @@ def steady_section(dsn, args, out):
         ),
         (f"delivered later than {args.fallback / 2:g} s (missed wake-ups)", f"{late:,}"),
     ]
+    if soak:
+        first = next((x for x in size_samples if x[0] >= 60), None) or size_samples[0]
+        last = size_samples[-1]
+        body += [
+            (
+                f"outbox bytes (table + indexes) at {first[0]:.0f} s / at {last[0]:.0f} s / max",
+                f"{first[1]:,} / {last[1]:,} / {max(x[1] for x in size_samples):,}",
+            ),
+            ("outbox bytes, end / first minute (target <= 2.0)", f"{last[1] / first[1]:.2f}"),
+            (
+                "offset chunks table bytes at first minute / at end",
+                f"{first[2]:,} / {last[2]:,}",
+            ),
+            (
+                f"run_maintenance every {args.maintain_interval:g} s: runs, median / max s",
+                f"{len(maintenance_runs)}, {median(maintenance_runs):.2f}"
+                f" / {max(maintenance_runs or [0]):.2f}",
+            ),
+        ]
     out.table(
-        f"steady state: {args.producers} producers, {per_txn} rows per transaction,"
-        f" {args.steady_seconds:g} s; one relay (batch {args.steady_batch})",
+        f"{'soak' if soak else 'steady state'}: {args.producers} producers,"
+        f" {per_txn} rows per transaction, {seconds:g} s; one relay (batch {args.steady_batch})",
         ("what", "value"),
         body,
         notes=[
@@ -813,6 +865,10 @@ def main():
     parser.add_argument("--big", type=int, default=1_000_000, help="latency/retention backlog")
     parser.add_argument("--rate", type=int, default=5000, help="steady state: offered msg/s")
     parser.add_argument("--steady-seconds", type=float, default=120)
+    parser.add_argument("--soak-seconds", type=float, default=600, help="soak duration")
+    parser.add_argument(
+        "--maintain-interval", type=float, default=60, help="soak: seconds between maintenance"
+    )
     parser.add_argument("--producers", type=int, default=4, help="steady state producers")
     parser.add_argument("--txn-rows", type=int, default=10, help="rows per producer transaction")
     parser.add_argument("--steady-batch", type=int, default=1000, help="relay poll batch size")
@@ -833,6 +889,8 @@ def main():
             big=5000,
             rate=500,
             steady_seconds=2,
+            soak_seconds=12,
+            maintain_interval=3,
             txn_rows=5,
             producers=2,
             idle_samples=10,
@@ -878,6 +936,7 @@ def run(dsn, args):
         "latency": latency_section,
         "retention": retention_section,
         "producer": producer_section,
+        "soak": lambda dsn, args, out: steady_section(dsn, args, out, soak=True),
     }
     for name in SECTIONS:
         if name in args.sections:

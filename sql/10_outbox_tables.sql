@@ -143,6 +143,34 @@ BEGIN
 END
 $$;
 
+-- The names of an outbox's relations in schema mailbox, one home for them: 'log' its partition
+-- of the shared log (where rows live), 'delta' its claim-check rows, 'view' mailbox.outbox_<N>
+-- (the rows with their offsets, SPEC §1.3), 'latest' its latest-row view.
+CREATE FUNCTION mailbox._outbox_relname(p_name text, p_kind text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE p_kind
+               WHEN 'log' THEN '_outbox_log_' || p_name
+               WHEN 'delta' THEN 'outbox_delta_rows_' || p_name
+               WHEN 'view' THEN 'outbox_' || p_name
+               WHEN 'latest' THEN 'outbox_latest_' || p_name
+           END;
+$$;
+
+-- Bytes an outbox takes on disk: its rows and claim-check rows, with their indexes and TOAST.
+CREATE FUNCTION mailbox._outbox_bytes(p_name text)
+RETURNS bigint
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT coalesce(pg_catalog.pg_total_relation_size(
+               pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', mailbox._outbox_relname(p_name, 'log')))), 0)
+         + coalesce(pg_catalog.pg_total_relation_size(
+               pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', mailbox._outbox_relname(p_name, 'delta')))), 0);
+$$;
+
 -- Restoring a dump (docs/backup.md). Transaction ids are the cluster's: an outbox restored
 -- from pg_dump carries ids of the cluster it was dumped from, in its log rows (_xid) and in
 -- its sequencer snapshots, and the new cluster's ids may be behind, ahead of or among them.

@@ -14,9 +14,10 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_key int;
-    v_log text := 'outbox_' || p_name;
-    v_delta text := 'outbox_delta_rows_' || p_name;
-    v_latest text := 'outbox_latest_' || p_name;
+    v_log text := mailbox._outbox_relname(p_name, 'log');
+    v_delta text := mailbox._outbox_relname(p_name, 'delta');
+    v_view text := mailbox._outbox_relname(p_name, 'view');
+    v_latest text := mailbox._outbox_relname(p_name, 'latest');
 BEGIN
     PERFORM mailbox._check_name('outbox', p_name);
     PERFORM mailbox._ddl_lock();
@@ -70,10 +71,22 @@ BEGIN
         'CREATE VIEW mailbox.%I AS SELECT event_id, created_at, source, event_type, key, headers, payload,'
         ' inserted_count, deleted_count, is_claim_check, full_refresh FROM mailbox.%I ORDER BY _id DESC LIMIT 1',
         v_latest, v_log);
+    -- Offsets live in the numbering chunks (part 10), not in the rows: the view joins them,
+    -- so an operator sees which row has which offset (NULL: committed, not numbered yet).
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I AS SELECT o.outbox_id, l.event_id, l.created_at, l.source, l.event_type, l.key,'
+        ' l.headers, l.payload, l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh'
+        ' FROM mailbox.%I AS l LEFT JOIN (SELECT c.base_offset + u.n AS outbox_id, u.id'
+        ' FROM mailbox._outbox_chunk AS c CROSS JOIN LATERAL pg_catalog.unnest(c.ids) WITH ORDINALITY AS u (id, n)'
+        ' WHERE c.outbox_key = %s) AS o ON o.id = l._id',
+        v_view, v_log, v_key);
+    EXECUTE pg_catalog.format('COMMENT ON VIEW mailbox.%I IS %s', v_view,
+                              pg_catalog.quote_literal('pg_mailbox outbox ' || p_name || ': its rows with their offsets'));
     EXECUTE pg_catalog.format('COMMENT ON TABLE mailbox.%I IS %s', v_log,
-                              pg_catalog.quote_literal('pg_mailbox outbox ' || p_name));
-    EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I TO mailbox_admin',
-                              v_log, v_delta, v_latest);
+                              pg_catalog.quote_literal('pg_mailbox outbox ' || p_name || ': rows (offsets: mailbox.'
+                                                       || pg_catalog.quote_ident(v_view) || ')'));
+    EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I, mailbox.%I TO mailbox_admin',
+                              v_log, v_delta, v_view, v_latest);
     RETURN v_key;
 END
 $$;
@@ -287,14 +300,16 @@ BEGIN
     DELETE FROM mailbox._outbox_waiter AS w WHERE w.outbox_key = v_outbox.outbox_key;
     DELETE FROM mailbox._claim_check_consumed WHERE outbox_key = v_outbox.outbox_key;
     PERFORM mailbox._lock_shared_log();
-    EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', 'outbox_latest_' || p_name);
+    EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', mailbox._outbox_relname(p_name, 'latest'));
+    EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', mailbox._outbox_relname(p_name, 'view'));
     -- detach before dropping: dropping a partition that foreign keys reference would need
     -- CASCADE, which would drop those constraints on the shared parents
     EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_delta_rows DETACH PARTITION mailbox.%I',
-                              'outbox_delta_rows_' || p_name);
-    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', 'outbox_delta_rows_' || p_name);
-    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_log DETACH PARTITION mailbox.%I', 'outbox_' || p_name);
-    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', 'outbox_' || p_name);
+                              mailbox._outbox_relname(p_name, 'delta'));
+    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', mailbox._outbox_relname(p_name, 'delta'));
+    EXECUTE pg_catalog.format('ALTER TABLE mailbox._outbox_log DETACH PARTITION mailbox.%I',
+                              mailbox._outbox_relname(p_name, 'log'));
+    EXECUTE pg_catalog.format('DROP TABLE mailbox.%I', mailbox._outbox_relname(p_name, 'log'));
     -- consumer groups and their state go with the catalog row (ON DELETE CASCADE)
     DELETE FROM mailbox._outbox WHERE outbox_key = v_outbox.outbox_key;
 END

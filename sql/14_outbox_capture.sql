@@ -141,9 +141,9 @@ BEGIN
     RETURN NULL;
 END
 $body$,
-        p_key, 'outbox_' || p_name, pg_catalog.quote_literal(p_name),
-        coalesce(p_threshold::text, 'NULL'), 'outbox_delta_rows_' || p_name,
-        pg_catalog.quote_literal('mailbox.' || pg_catalog.quote_ident('outbox_' || p_name)));
+        p_key, mailbox._outbox_relname(p_name, 'log'), pg_catalog.quote_literal(p_name),
+        coalesce(p_threshold::text, 'NULL'), mailbox._outbox_relname(p_name, 'delta'),
+        pg_catalog.quote_literal('mailbox.' || pg_catalog.quote_ident(mailbox._outbox_relname(p_name, 'log'))));
 END
 $gen$;
 
@@ -204,10 +204,10 @@ BEGIN
         ' TO %s', v_owner);
     EXECUTE pg_catalog.format(
         'GRANT INSERT (outbox_key, source, event_type, payload, inserted_count, deleted_count, is_claim_check,'
-        ' full_refresh), SELECT (_id) ON mailbox.%I TO %s', 'outbox_' || v_outbox.outbox_name, v_owner);
+        ' full_refresh), SELECT (_id) ON mailbox.%I TO %s', mailbox._outbox_relname(v_outbox.outbox_name, 'log'), v_owner);
     EXECUTE pg_catalog.format(
         'GRANT INSERT (outbox_key, row_key, row_num, op, payload) ON mailbox.%I TO %s',
-        'outbox_delta_rows_' || v_outbox.outbox_name, v_owner);
+        mailbox._outbox_relname(v_outbox.outbox_name, 'delta'), v_owner);
     EXECUTE pg_catalog.format('GRANT SELECT (outbox_key, waiting_until) ON mailbox._outbox_waiter TO %s', v_owner);
 
     EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS mailbox_capture_insert ON %s', v_table);
@@ -251,9 +251,10 @@ BEGIN
     -- the partitions: the extension owner capturing its own table)
     v_old_owner := (SELECT p.proowner FROM pg_catalog.pg_proc AS p WHERE p.oid = v_fn);
     IF v_old_owner <> (SELECT c.relowner FROM pg_catalog.pg_class AS c
-                        WHERE c.oid = pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_' || v_name))) THEN
+                        WHERE c.oid = pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', mailbox._outbox_relname(v_name, 'log')))) THEN
         EXECUTE pg_catalog.format('REVOKE ALL ON mailbox.%I, mailbox.%I FROM %s',
-                                  'outbox_' || v_name, 'outbox_delta_rows_' || v_name, v_old_owner);
+                                  mailbox._outbox_relname(v_name, 'log'), mailbox._outbox_relname(v_name, 'delta'),
+                                  v_old_owner);
     END IF;
     FOR v_trigger IN
         SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_catalog.pg_trigger AS t

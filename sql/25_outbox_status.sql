@@ -27,7 +27,7 @@ SELECT o.outbox_name,
        coalesce((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
                    FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
                   WHERE c.oid = o.source_rel), o.source_name) AS source,
-       'mailbox.' || pg_catalog.quote_ident('outbox_' || o.outbox_name) AS outbox_table,
+       'mailbox.' || pg_catalog.quote_ident(mailbox._outbox_relname(o.outbox_name, 'view')) AS outbox_table,
        o.source_rel IS NULL
            OR (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
                 WHERE t.tgrelid = o.source_rel

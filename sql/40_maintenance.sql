@@ -36,12 +36,12 @@ DECLARE
     v_name text := (SELECT o.outbox_name FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
 BEGIN
     EXECUTE pg_catalog.format('LOCK TABLE mailbox.%I, mailbox.%I IN ACCESS EXCLUSIVE MODE NOWAIT',
-                              'outbox_' || v_name, 'outbox_delta_rows_' || v_name);
+                              mailbox._outbox_relname(v_name, 'log'), mailbox._outbox_relname(v_name, 'delta'));
     IF EXISTS (SELECT 1 FROM mailbox._outbox_log AS l WHERE l.outbox_key = p_key) THEN
         RETURN false;
     END IF;
     EXECUTE pg_catalog.format('TRUNCATE mailbox.%I, mailbox.%I',
-                              'outbox_delta_rows_' || v_name, 'outbox_' || v_name);
+                              mailbox._outbox_relname(v_name, 'delta'), mailbox._outbox_relname(v_name, 'log'));
     RETURN true;
 END
 $$;

@@ -173,10 +173,14 @@ def test_capture_refuses_to_run_for_a_new_owner_until_repaired(db, connect, tena
         conn.execute("SELECT mailbox.repair_outbox_capture('orders')")
         db.execute("INSERT INTO orders VALUES (2)")
         assert not scalar(
-            db, "SELECT has_any_column_privilege('first_owner', 'mailbox.outbox_orders', 'INSERT')"
+            db,
+            "SELECT has_any_column_privilege('first_owner', 'mailbox._outbox_log_orders',"
+            " 'INSERT')",
         )
         assert scalar(
-            db, "SELECT has_any_column_privilege(%s, 'mailbox.outbox_orders', 'INSERT')", [tenant]
+            db,
+            "SELECT has_any_column_privilege(%s, 'mailbox._outbox_log_orders', 'INSERT')",
+            [tenant],
         )
     finally:
         db.execute("DROP OWNED BY first_owner")
@@ -205,15 +209,18 @@ def test_table_owner_may_write_only_its_own_outbox(db, connect, tenant):
     db.execute(f'REVOKE mailbox_admin FROM "{tenant}"')
     owner = as_role(connect, tenant)
     with raises("42501"):
-        owner.execute("INSERT INTO mailbox.outbox_other (outbox_key, payload) VALUES (2, '{}')")
+        owner.execute(
+            "INSERT INTO mailbox._outbox_log_other (outbox_key, payload) VALUES (2, '{}')"
+        )
     with raises("42501"):
         owner.execute("INSERT INTO mailbox._outbox_log (outbox_key, payload) VALUES (2, '{}')")
     with raises("42501"):  # offsets and row keys always come from their defaults
         owner.execute(
-            "INSERT INTO mailbox.outbox_mine (outbox_key, payload, _xid) VALUES (1, '{}', '1')"
+            "INSERT INTO mailbox._outbox_log_mine (outbox_key, payload, _xid) VALUES (1, '{}', '1')"
         )
-    with raises("42501"):
-        owner.execute("SELECT payload FROM mailbox.outbox_mine")
+    for relation in ("mailbox._outbox_log_mine", "mailbox.outbox_mine"):
+        with raises("42501"):
+            owner.execute(f"SELECT payload FROM {relation}")
 
 
 @pytest.mark.parametrize(

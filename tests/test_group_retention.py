@@ -42,7 +42,7 @@ def test_retention_hours_keep_young_rows(db):
     poll(db, "g", "c")
     commit(db, "g", "c", 10)
     assert scalar(db, "SELECT mailbox.run_maintenance()")["outbox_rows_drained"] == 0
-    db.execute("UPDATE mailbox.outbox_e SET created_at = created_at - interval '2 hours'")
+    db.execute("UPDATE mailbox._outbox_log_e SET created_at = created_at - interval '2 hours'")
     assert scalar(db, "SELECT mailbox.run_maintenance()")["outbox_rows_drained"] == 10
 
 
@@ -92,14 +92,14 @@ def test_outbox_without_groups_drains_by_age(outbox):
 def test_drained_outbox_shrinks_back_to_empty_size_without_vacuum_full(outbox):
     db = outbox
     db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
-    empty = scalar(db, "SELECT pg_total_relation_size('mailbox.outbox_e')")
+    empty = scalar(db, "SELECT pg_total_relation_size('mailbox._outbox_log_e')")
     publish(db, "e", 200000)
-    full = scalar(db, "SELECT pg_total_relation_size('mailbox.outbox_e')")
+    full = scalar(db, "SELECT pg_total_relation_size('mailbox._outbox_log_e')")
     while got := poll(db, "g", "c", batch=10000):
         commit(db, "g", "c", got[-1][0])
     result = scalar(db, "SELECT mailbox.run_maintenance()")
     assert result["outbox_rows_drained"] == 200000 and result["outbox_tables_truncated"] == 1
-    after = scalar(db, "SELECT pg_total_relation_size('mailbox.outbox_e')")
+    after = scalar(db, "SELECT pg_total_relation_size('mailbox._outbox_log_e')")
     assert full > 20 * 1024 * 1024 and after <= empty + 64 * 1024, (empty, full, after)
     publish(db, "e", 3)
     assert [r[0] for r in poll(db, "g", "c")] == [200001, 200002, 200003]

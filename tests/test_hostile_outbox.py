@@ -337,7 +337,7 @@ CAPTURE_RIGHTS = re.compile(
     r"|a sequence mailbox\._outbox_row_seq"
     r"|a function mailbox\._setting_bool\(text,boolean\)"
     r"|a function mailbox\._setting_int\(text,integer,integer,integer\)"
-    r"|a column \w+ of table mailbox\.outbox_(delta_rows_)?cap"
+    r"|a column \w+ of table mailbox\.(_outbox_log|outbox_delta_rows)_cap"
 )
 
 
@@ -770,22 +770,25 @@ def test_table_owner_capture_rights_reach_nothing_else(arena_factory):
     cap = keys["cap"]
     refused = [
         "SELECT payload FROM mailbox.outbox_cap",
+        "SELECT payload FROM mailbox._outbox_log_cap",
         "SELECT payload FROM mailbox.outbox_delta_rows_cap",
         "SELECT count(*) FROM mailbox._outbox_log",
         "SELECT payload FROM mailbox.outbox_ev",
         "SELECT * FROM mailbox._outbox",
         "SELECT * FROM mailbox.alert_log",
-        "UPDATE mailbox.outbox_cap SET payload = '{}'",
-        "DELETE FROM mailbox.outbox_cap",
+        "UPDATE mailbox._outbox_log_cap SET payload = '{}'",
+        "DELETE FROM mailbox._outbox_log_cap",
         "DELETE FROM mailbox.outbox_delta_rows_cap",
-        "TRUNCATE mailbox.outbox_cap",
-        f"INSERT INTO mailbox.outbox_ev {cols} VALUES ({keys['ev']}, 'x', 'x', '{{}}')",
+        "TRUNCATE mailbox._outbox_log_cap",
+        f"INSERT INTO mailbox._outbox_log_ev {cols} VALUES ({keys['ev']}, 'x', 'x', '{{}}')",
         f"INSERT INTO mailbox._outbox_log {cols} VALUES ({keys['cap']}, 'x', 'x', '{{}}')",
-        f"INSERT INTO mailbox.outbox_cap (outbox_key, payload, _xid) VALUES ({cap}, '{{}}', '1')",
-        f"INSERT INTO mailbox.outbox_cap (outbox_key, payload, _id) VALUES ({cap}, '{{}}', 1)",
-        f"INSERT INTO mailbox.outbox_cap (outbox_key, payload, event_id)"
+        f"INSERT INTO mailbox._outbox_log_cap (outbox_key, payload, _xid)"
+        f" VALUES ({cap}, '{{}}', '1')",
+        f"INSERT INTO mailbox._outbox_log_cap (outbox_key, payload, _id) VALUES ({cap}, '{{}}', 1)",
+        f"INSERT INTO mailbox._outbox_log_cap (outbox_key, payload, event_id)"
         f" VALUES ({keys['cap']}, '{{}}', gen_random_uuid())",
-        f"INSERT INTO mailbox.outbox_cap {cols} VALUES ({cap}, 'x', 'x', '{{}}') RETURNING payload",
+        f"INSERT INTO mailbox._outbox_log_cap {cols} VALUES ({cap}, 'x', 'x', '{{}}')"
+        " RETURNING payload",
         "SELECT setval('mailbox._outbox_row_seq', 1)",
         f"CREATE OR REPLACE FUNCTION {fn[:-2]}() RETURNS trigger LANGUAGE plpgsql"
         " AS $f$ BEGIN RETURN NULL; END $f$",
@@ -803,7 +806,7 @@ def test_table_owner_capture_rights_reach_nothing_else(arena_factory):
     # the partition holds only its own outbox's rows
     with raises("23514"):
         atk.execute(
-            f"INSERT INTO mailbox.outbox_cap {cols} VALUES ({keys['ev']}, 'x', 'x', '{{}}')"
+            f"INSERT INTO mailbox._outbox_log_cap {cols} VALUES ({keys['ev']}, 'x', 'x', '{{}}')"
         )
     # nothing above left a trace
     assert capture_log(db, "cap") == [("INSERT", True)]
@@ -812,7 +815,7 @@ def test_table_owner_capture_rights_reach_nothing_else(arena_factory):
     ops.execute("SELECT mailbox.disable_outbox('cap')")
     assert scalar(db, "SELECT to_regprocedure(%s)", [fn]) is None
     with raises("42P01"):
-        atk.execute("INSERT INTO mailbox.outbox_cap (payload) VALUES ('{}')")
+        atk.execute("INSERT INTO mailbox._outbox_log_cap (payload) VALUES ('{}')")
 
 
 def test_capture_function_on_a_table_its_owner_does_not_own_captures_nothing(arena_factory):

@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from mbx import last_offset, outbox_rows, raises, rows, scalar, sequence
+from mbx import last_offset, make_role, outbox_rows, raises, rows, scalar, sequence
 
 
 @pytest.fixture
@@ -310,3 +310,64 @@ def test_numbering_reads_each_row_a_bounded_number_of_times(db):
     assert scalar(db, "SELECT lag FROM mailbox.consumer_lag('lin_g')") == 30000  # 30 chunks
     read = tuples_read() - before
     assert read <= 3 * 30000, f"numbering 30000 rows read {read} index tuples"
+
+
+SPEC_COLUMNS = [
+    "outbox_id",
+    "event_id",
+    "created_at",
+    "source",
+    "event_type",
+    "key",
+    "headers",
+    "payload",
+    "inserted_count",
+    "deleted_count",
+    "is_claim_check",
+    "full_refresh",
+]
+
+
+def test_outbox_view_shows_each_rows_offset_to_an_admin(db, connect):
+    """SPEC §1.3: SELECT * FROM mailbox.outbox_<N> ORDER BY outbox_id, as mailbox_admin,
+    shows every row with its offset; a committed row not numbered yet has outbox_id NULL."""
+    db.execute("SELECT mailbox.create_outbox('v')")
+    db.execute("SELECT mailbox.create_consumer_group('g', 'v', 'earliest')")
+    for i in range(1, 4):
+        db.execute(
+            "SELECT mailbox.outbox_publish('v', %s::jsonb, p_key => %s)", [f'{{"n": {i}}}', f"k{i}"]
+        )
+    admin = make_role(db, "mailbox_admin")
+    db.execute(f'GRANT "{admin}" TO CURRENT_USER')
+    try:
+        conn = connect()
+        conn.execute(f'SET ROLE "{admin}"')
+        cur = conn.execute("SELECT * FROM mailbox.outbox_v ORDER BY outbox_id")
+        assert [c.name for c in cur.description] == SPEC_COLUMNS
+        assert [r[0] for r in cur.fetchall()] == [None, None, None]  # committed, not numbered
+        polled = rows(db, "SELECT outbox_id, event_id FROM mailbox.poll_outbox('g', 'c', 2)")
+        db.execute("SELECT mailbox.outbox_publish('v', '{\"n\": 4}')")
+        seen = rows(
+            conn, "SELECT outbox_id, event_id, key FROM mailbox.outbox_v ORDER BY outbox_id"
+        )
+        # the rows the poll numbered carry the offsets it returned; the rest are NULL for now
+        assert [(o, e) for o, e, _ in seen if o is not None][: len(polled)] == polled
+        assert [k for _, _, k in seen] == ["k1", "k2", "k3", None]
+        assert all(o is not None for o, _, _ in seen[:3]) and seen[3][0] is None
+        # a role without mailbox_admin sees nothing
+        conn.execute("RESET ROLE")
+        other = make_role(db, "mailbox_consumer")
+        conn.execute(f'SET ROLE "{other}"')
+        with raises("42501"):
+            conn.execute("SELECT * FROM mailbox.outbox_v")
+        conn.execute("RESET ROLE")
+    finally:
+        db.execute(f'REVOKE "{admin}" FROM CURRENT_USER')
+
+
+def test_dropping_an_outbox_drops_its_view(db):
+    db.execute("SELECT mailbox.create_outbox('gone')")
+    assert scalar(db, "SELECT to_regclass('mailbox.outbox_gone')::text") == "mailbox.outbox_gone"
+    db.execute("SELECT mailbox.drop_outbox('gone')")
+    assert scalar(db, "SELECT to_regclass('mailbox.outbox_gone')") is None
+    assert scalar(db, "SELECT to_regclass('mailbox._outbox_log_gone')") is None

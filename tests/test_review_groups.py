@@ -569,7 +569,7 @@ def test_seek_back_racing_a_retention_drain_never_leaves_a_group_below_low(db, c
     a = connect()
     assert len(drain(a, "g", "a")) == 10
     h = connect(autocommit=False)
-    h.execute("SELECT _id FROM mailbox.outbox_e FOR UPDATE")
+    h.execute("SELECT _id FROM mailbox._outbox_log_e FOR UPDATE")
     m = connect()
     maint = Bg(lambda: scalar(m, "SELECT mailbox.run_maintenance()"))
     assert wait_blocked(db, m, maint)
@@ -637,7 +637,7 @@ def test_earliest_group_created_during_a_retention_drain_is_not_below_low(db, co
     a = connect()
     assert len(drain(a, "g", "a")) == 10
     h = connect(autocommit=False)
-    h.execute("SELECT _id FROM mailbox.outbox_e FOR UPDATE")
+    h.execute("SELECT _id FROM mailbox._outbox_log_e FOR UPDATE")
     m = connect()
     maint = Bg(lambda: scalar(m, "SELECT mailbox.run_maintenance()"))
     assert wait_blocked(db, m, maint)

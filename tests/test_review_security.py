@@ -303,7 +303,7 @@ def test_a_former_table_owner_cannot_write_the_outbox_after_repair(db, connect, 
     key = outbox_key(db, "items")
     with raises("42501"):
         conn.execute(
-            "INSERT INTO mailbox.outbox_items (outbox_key, source, event_type, payload)"
+            "INSERT INTO mailbox._outbox_log_items (outbox_key, source, event_type, payload)"
             " VALUES (%s, 'ts.items', 'DELETE', '{\"deleted\": [{\"id\": 2}]}')",
             [key],
         )

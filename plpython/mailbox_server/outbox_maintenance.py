@@ -236,11 +236,7 @@ def drain_outbox(plpy, outbox, force, budget):
 
 
 SIZE_SQL = """
-SELECT coalesce(pg_catalog.pg_total_relation_size(
-           pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_' || $1))), 0)
-     + coalesce(pg_catalog.pg_total_relation_size(
-           pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_delta_rows_' || $1))), 0)
-       AS total_bytes,
+SELECT mailbox._outbox_bytes($1) AS total_bytes,
        (SELECT r.storage_alerted FROM mailbox._outbox_retention AS r
          WHERE r.outbox_key = $2) AS alerted
 """
@@ -289,8 +285,8 @@ def run(plpy):
 EMPTY_OUTBOXES_SQL = """
 SELECT o.outbox_name, o.outbox_key FROM mailbox._outbox AS o
  WHERE NOT EXISTS (SELECT 1 FROM mailbox._outbox_log AS l WHERE l.outbox_key = o.outbox_key)
-   AND pg_catalog.pg_relation_size(
-           pg_catalog.format('mailbox.%I', 'outbox_' || o.outbox_name)::regclass) > $1
+   AND pg_catalog.pg_relation_size(pg_catalog.format(
+           'mailbox.%I', mailbox._outbox_relname(o.outbox_name, 'log'))::regclass) > $1
 """
 
 TRUNCATE_SQL = """

@@ -19,13 +19,7 @@ SELECT pg_catalog.count(*) AS row_count,
   FROM mailbox._outbox_log WHERE outbox_key = $1
 """
 
-_BYTES = """
-SELECT coalesce(pg_catalog.pg_total_relation_size(
-           pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_' || $1))), 0)
-     + coalesce(pg_catalog.pg_total_relation_size(
-           pg_catalog.to_regclass(pg_catalog.format('mailbox.%I', 'outbox_delta_rows_' || $1))), 0)
-       AS total_bytes
-"""
+_BYTES = "SELECT mailbox._outbox_bytes($1) AS total_bytes"
 
 # A claim-check row is pending until every group of the outbox (or '' = all of them) has
 # recorded reading it; with no groups, until someone records it for all groups.
