@@ -32,17 +32,24 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_key int;
+    v_granted boolean;
     v_event uuid;
+    v_waiting boolean;
     v_notify text;
 BEGIN
-    -- The producer's hot path: no nested helper calls (each one with its own SET clause costs
-    -- more than the insert); the helpers run only to raise their errors.
-    SELECT o.outbox_key INTO v_key FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
+    -- The producer's hot path: two statements (every statement costs an executor start-up,
+    -- most of what a publish costs) and no nested helper calls (each one with its own SET
+    -- clause costs more than the insert); the helpers run only to raise their errors.
+    -- An outbox without grants is open to mailbox_producer.
+    SELECT o.outbox_key,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'outbox' AND x.object_key = o.outbox_key)
+      INTO v_key, v_granted
+      FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
     IF NOT FOUND THEN
         v_key := mailbox._outbox_key(p_outbox);
     END IF;
-    -- An outbox without grants is open to mailbox_producer: one index probe, no call.
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'outbox' AND x.object_key = v_key) THEN
+    IF v_granted THEN
         PERFORM mailbox._authorize('outbox', v_key, 'publish');
     END IF;
     IF p_payload IS NULL THEN
@@ -54,15 +61,19 @@ BEGIN
     END IF;
     INSERT INTO mailbox._outbox_log (outbox_key, event_type, key, headers, payload)
     VALUES (v_key, p_event_type, p_key, p_headers, p_payload)
-    RETURNING event_id INTO v_event;
-    -- unset (NULL) means on; the common spellings are read here, anything else goes through
-    -- the strict parser, which raises for a bad value. Only while a consumer waits (part 17).
-    v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-    IF (v_notify IS NULL OR v_notify IN ('on', 'true')
-        OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)))
-       AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
-                    WHERE w.outbox_key = v_key AND w.waiting_until > pg_catalog.now()) THEN
-        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
+    RETURNING event_id,
+              EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
+                       WHERE w.outbox_key = v_key AND w.waiting_until > pg_catalog.now())
+      INTO v_event, v_waiting;
+    -- wake a waiting consumer (part 17); the setting is read only then: unset (NULL) means
+    -- on, the common spellings are read here, anything else goes through the strict parser,
+    -- which raises for a bad value
+    IF v_waiting THEN
+        v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
+        IF v_notify IS NULL OR v_notify IN ('on', 'true')
+           OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
+            PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
+        END IF;
     END IF;
     RETURN v_event;
 END
