@@ -28,6 +28,9 @@ Sections (--sections, default all):
 - retention: table + index bytes before and after draining --big rows and run_maintenance.
 - producer: pgbench, 8 clients: a transaction that inserts an order and an event into a
   plain table (baseline), calls outbox_publish, or inserts into a captured table.
+- idle: the steady state with a numberer (CALL mailbox.run_numberer()), without and with a
+  second group's consumer idle in its poll transaction for --idle-seconds (30), and that idle
+  consumer without a numberer: the other group's latency p50/p99 (issue 8: p99 within 2x).
 - soak: the steady state for --soak-seconds (600) with run_maintenance every
   --maintain-interval seconds (60, as pg_cron would run it) on an outbox with retention 0;
   the outbox's bytes (table + indexes, sampled every 10 s) at the end against after the
@@ -60,7 +63,7 @@ import time
 import psycopg
 
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
-SECTIONS = ("drain", "steady", "latency", "retention", "producer", "soak")
+SECTIONS = ("drain", "steady", "idle", "latency", "retention", "producer", "soak")
 
 
 def progress(text):
@@ -356,13 +359,20 @@ def steady_producer(dsn, i, per_txn, interval, start_at, stop_at, results):
         results.put(exc)
 
 
-def steady_section(dsn, args, out, soak=False):
+def steady_section(dsn, args, out, soak=False, numberer=False, idle=False, seconds=None):
     """Producers publish at --rate while one relay keeps up; all of it against the clock.
     soak: for --soak-seconds, with run_maintenance every --maintain-interval seconds (as
-    pg_cron would run it) and the outbox's size sampled every 10 s."""
-    seconds = args.soak_seconds if soak else args.steady_seconds
+    pg_cron would run it) and the outbox's size sampled every 10 s.
+    numberer: CALL mailbox.run_numberer() runs beside (SPEC §2.2.4).
+    idle: a consumer of a second group polls and then sits idle in its poll transaction for
+    --idle-seconds from 5 s into the run. Returns the latency figures."""
+    if seconds is None:
+        seconds = args.soak_seconds if soak else args.steady_seconds
     with connect(dsn) as db:
         reset_outbox(db, "steady", "steady_g")
+        if idle:
+            db.execute("SELECT mailbox.create_consumer_group('idle_g', 'steady', 'earliest')")
+    idle_held: list[float] = []
     size_samples: list[tuple[float, int, int]] = []  # (seconds since start, outbox, chunks)
     maintenance_runs: list[float] = []
     received_at: dict = {}  # event_id -> perf_counter right after the consumer's poll
@@ -481,15 +491,40 @@ def steady_section(dsn, args, out, soak=False):
                         )
                     )
 
+    @guarded
+    def number():
+        with connect(dsn) as conn:
+            while not stop_consuming.is_set():
+                conn.execute("CALL mailbox.run_numberer(2)")
+
+    @guarded
+    def sit_idle():
+        if stop_consuming.wait(max(0.0, start_at + 5 - time.perf_counter())):
+            return
+        with connect(dsn, autocommit=False) as conn:
+            got = conn.execute(
+                "SELECT max(outbox_id) FROM mailbox.poll_outbox('idle_g', 'idler', 100, 600)"
+            ).fetchone()[0]
+            began = time.perf_counter()
+            stop_consuming.wait(args.idle_seconds)  # idle in transaction, holding its rows
+            if got is not None:
+                conn.execute("SELECT mailbox.commit_offset('idle_g', 'idler', %s)", [got])
+            conn.commit()
+            idle_held.append(time.perf_counter() - began)
+
     threads = [threading.Thread(target=consume), threading.Thread(target=sample)]
     if soak:
         threads += [threading.Thread(target=maintain), threading.Thread(target=measure_size)]
+    if numberer:
+        threads.append(threading.Thread(target=number))
+    if idle:
+        threads.append(threading.Thread(target=sit_idle))
     for t in threads:
         t.start()
     committed_at: dict = {}  # event_id -> perf_counter right after the producer's COMMIT
     try:
         for _ in procs:
-            got = results.get(timeout=seconds + 120)
+            got = results.get(timeout=2 * seconds + 120)  # producers late on a busy machine
             if isinstance(got, BaseException):
                 raise got
             committed_at.update(zip(*got, strict=True))
@@ -546,9 +581,14 @@ def steady_section(dsn, args, out, soak=False):
                 f" / {max(maintenance_runs or [0]):.2f}",
             ),
         ]
+    if idle:
+        body.append(("second group's consumer idle in its poll transaction (s)", f"{idle_held}"))
+    kind = "soak" if soak else "steady state"
+    extras = ", numberer running" if numberer else ""
+    extras += f", a second group's consumer idle {args.idle_seconds:g} s" if idle else ""
     out.table(
-        f"{'soak' if soak else 'steady state'}: {args.producers} producers,"
-        f" {per_txn} rows per transaction, {seconds:g} s; one relay (batch {args.steady_batch})",
+        f"{kind}: {args.producers} producers, {per_txn} rows per transaction, {seconds:g} s;"
+        f" one relay (batch {args.steady_batch}){extras}",
         ("what", "value"),
         body,
         notes=[
@@ -562,9 +602,37 @@ def steady_section(dsn, args, out, soak=False):
             "no baseline runs here: read it against the offered rate",
         ],
     )
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
 
 
 # ================================================================ latency and retention
+def idle_section(dsn, args, out):
+    """SPEC §2.2.4: a consumer idle in its poll transaction holds back only its own rows. The
+    steady state of one group, with a numberer, without and with a second group's consumer
+    idle in its poll transaction; then the same idle consumer without a numberer (polls number
+    inline, so the open transaction holds the sequencer: that is the stall the numberer ends)."""
+    seconds = args.idle_seconds + 10
+    runs = [
+        ("numberer, no idle consumer", dict(numberer=True)),
+        ("numberer, idle consumer", dict(numberer=True, idle=True)),
+        ("no numberer, idle consumer", dict(idle=True)),
+    ]
+    results = []
+    for label, flags in runs:
+        progress(f"idle: {label}")
+        results.append((label, steady_section(dsn, args, out, seconds=seconds, **flags)))
+    base = results[0][1]["p99"]
+    out.table(
+        f"idle poll transaction: other group's commit -> delivery latency, {seconds:g} s runs",
+        ("run", "p50 ms", "p99 ms", "p99 x no idle consumer"),
+        [
+            (label, f"{r['p50']:.2f}", f"{r['p99']:.2f}", f"{r['p99'] / base:.2f}")
+            for label, r in results
+        ],
+        notes=["target: the idle consumer leaves the other group's p99 within 2x (issue 8)"],
+    )
+
+
 def latency_backlog(dsn, rows):
     with connect(dsn) as db:
         reset_outbox(db, "lat", "lat_g")
@@ -867,6 +935,9 @@ def main():
     parser.add_argument("--steady-seconds", type=float, default=120)
     parser.add_argument("--soak-seconds", type=float, default=600, help="soak duration")
     parser.add_argument(
+        "--idle-seconds", type=float, default=30, help="idle: how long the consumer idles"
+    )
+    parser.add_argument(
         "--maintain-interval", type=float, default=60, help="soak: seconds between maintenance"
     )
     parser.add_argument("--producers", type=int, default=4, help="steady state producers")
@@ -890,6 +961,7 @@ def main():
             rate=500,
             steady_seconds=2,
             soak_seconds=12,
+            idle_seconds=3,
             maintain_interval=3,
             txn_rows=5,
             producers=2,
@@ -937,6 +1009,7 @@ def run(dsn, args):
         "retention": retention_section,
         "producer": producer_section,
         "soak": lambda dsn, args, out: steady_section(dsn, args, out, soak=True),
+        "idle": idle_section,
     }
     for name in SECTIONS:
         if name in args.sections:
