@@ -63,7 +63,7 @@ import time
 import psycopg
 
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
-SECTIONS = ("drain", "steady", "idle", "latency", "retention", "producer", "soak")
+SECTIONS = ("drain", "steady", "latency", "retention", "producer", "soak")
 
 
 def progress(text):
