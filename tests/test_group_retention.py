@@ -142,3 +142,32 @@ def test_schedule_maintenance_with_pg_cron(pg_cluster):
         finally:
             conn.execute("DROP EXTENSION pg_mailbox CASCADE")
             conn.execute("DROP EXTENSION pg_cron")
+
+
+def test_one_run_drains_thousands_of_small_chunks(outbox):
+    """Under load every poll numbers a small chunk; one run must drain them all (a run once
+    stopped after 1,000 chunks, and the outbox grew without bound under continuous load)."""
+    db = outbox
+    db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
+    with db.pipeline() as pipeline:  # a Sync after each statement: each its own transaction
+        for _ in range(1100):  # 1,100 chunks of 2 rows: a publish, then a poll that numbers it
+            for sql in (
+                "SELECT mailbox.outbox_publish_batch('e', ARRAY['{}'::jsonb, '{}'::jsonb])",
+                "SELECT count(*) FROM mailbox.poll_outbox('g', 'c', 2)",
+                "SELECT mailbox.commit_offset('g', 'c', 1000000)",
+            ):
+                db.execute(sql)
+                pipeline.sync()
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_chunk") >= 1100
+    # a budget smaller than the backlog stops at a chunk boundary and keeps the rest in order
+    db.execute("SET mailbox.outbox_drain_batch_size = 1001")
+    db.execute("SET mailbox.maintenance_max_batches = 1")
+    assert scalar(db, "SELECT mailbox.run_maintenance()")["outbox_rows_drained"] == 1002
+    assert scalar(db, "SELECT low_offset FROM mailbox._outbox_retention") == 1002
+    assert scalar(db, "SELECT min(outbox_id) FROM mailbox.outbox_e") == 1003
+    db.execute("RESET mailbox.outbox_drain_batch_size")
+    db.execute("RESET mailbox.maintenance_max_batches")
+    assert scalar(db, "SELECT mailbox.run_maintenance()")["outbox_rows_drained"] == 1198
+    assert row_count(db) == 0
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_chunk") == 0
+    assert scalar(db, "SELECT low_offset FROM mailbox._outbox_retention") == 2200

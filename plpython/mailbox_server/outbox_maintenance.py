@@ -4,7 +4,8 @@
   reaping consumers silent past the dead threshold (their leases are released, alert
   ``consumer_reaped``); forgetting consumers without commits past the stale threshold.
 - retention: rows older than the outbox's retention AND at or below every group's offset
-  (claim-check rows only once read), chunk by chunk in offset order, bounded per run.
+  (claim-check rows only once read), in offset order, about the run's budget at most
+  (``mailbox._drain_outbox_rows``, a few statements however many chunks).
 - storage alerts: ``outbox_storage_critical`` once per transition into critical.
 - ``truncate_drained`` (run last): an outbox whose rows are all drained is TRUNCATEd, so its
   table and indexes return to their empty size without VACUUM FULL.
@@ -129,48 +130,8 @@ SELECT o.outbox_key, o.outbox_name, o.retention_hours
   FROM mailbox._outbox AS o ORDER BY o.outbox_key
 """
 
-# Chunks wholly at or below the drain limit, oldest first.
-CHUNKS_SQL = """
-SELECT c.base_offset, c.row_count FROM mailbox._outbox_chunk AS c
- WHERE c.outbox_key = $1 AND c.base_offset + c.row_count <= $2
- ORDER BY c.base_offset LIMIT $3
-"""
-
-# A claim-check row may go once every group of its outbox (or '' = all) has read it.
-DRAIN_CHUNK_SQL = """
-WITH gone AS (
-    DELETE FROM mailbox._outbox_log AS l
-     USING mailbox._outbox_chunk AS c
-     WHERE c.outbox_key = $1 AND c.base_offset = $2
-       AND l.outbox_key = $1 AND l._id = ANY (c.ids)
-       AND l.created_at < pg_catalog.now() - pg_catalog.make_interval(hours => $3)
-       AND ($4 OR NOT l.is_claim_check
-            OR EXISTS (SELECT 1 FROM mailbox._claim_check_consumed AS cc
-                        WHERE cc.outbox_key = $1 AND cc.row_key = l._id AND cc.group_name = '')
-            OR (EXISTS (SELECT 1 FROM mailbox._consumer_group AS g WHERE g.outbox_key = $1)
-                AND NOT EXISTS (SELECT 1 FROM mailbox._consumer_group AS g
-                                 WHERE g.outbox_key = $1
-                                   AND NOT EXISTS (SELECT 1 FROM mailbox._claim_check_consumed AS cc
-                                                    WHERE cc.outbox_key = $1 AND cc.row_key = l._id
-                                                      AND cc.group_name = g.group_name))))
-    RETURNING l._id
-), forgotten AS (
-    DELETE FROM mailbox._claim_check_consumed AS cc
-     WHERE cc.outbox_key = $1 AND cc.row_key IN (SELECT _id FROM gone)
-)
-SELECT pg_catalog.count(*) AS n FROM gone
-"""
-
-CHUNK_EMPTY_SQL = """
-SELECT NOT EXISTS (SELECT 1 FROM mailbox._outbox_log AS l, mailbox._outbox_chunk AS c
-                    WHERE c.outbox_key = $1 AND c.base_offset = $2
-                      AND l.outbox_key = $1 AND l._id = ANY (c.ids)) AS empty
-"""
-
-DROP_CHUNK_SQL = """
-WITH d AS (DELETE FROM mailbox._outbox_chunk WHERE outbox_key = $1 AND base_offset = $2 RETURNING 1)
-UPDATE mailbox._outbox_retention SET low_offset = greatest(low_offset, $3) WHERE outbox_key = $1
-"""
+# Drains one outbox up to an offset (set-based, a few statements per run: sql part 41).
+DRAIN_SQL = "SELECT mailbox._drain_outbox_rows($1, $2, $3, $4, $5) AS n"
 
 RECORD_SQL = """
 UPDATE mailbox._outbox_retention
@@ -214,20 +175,11 @@ def drain_outbox(plpy, outbox, force, budget):
         limit = plpy.execute(plpy.prepare(SEQUENCE_ALL_SQL, ["int"]), [key])[0]["head"]
     else:
         limit = min_offset
-    chunks = plpy.execute(plpy.prepare(CHUNKS_SQL, ["int", "bigint", "int"]), [key, limit, 1000])
-    drain = plpy.prepare(DRAIN_CHUNK_SQL, ["int", "bigint", "int", "bool"])
-    empty = plpy.prepare(CHUNK_EMPTY_SQL, ["int", "bigint"])
-    drop = plpy.prepare(DROP_CHUNK_SQL, ["int", "bigint", "bigint"])
-    drained = 0
-    for chunk in chunks:
-        if budget <= 0:
-            break
-        n = plpy.execute(drain, [key, chunk["base_offset"], outbox["retention_hours"], force])
-        drained += n[0]["n"]
-        budget -= n[0]["n"]
-        if not plpy.execute(empty, [key, chunk["base_offset"]])[0]["empty"]:
-            break  # rows newer than the retention, or claim-check rows not read yet
-        plpy.execute(drop, [key, chunk["base_offset"], chunk["base_offset"] + chunk["row_count"]])
+    drained = plpy.execute(
+        plpy.prepare(DRAIN_SQL, ["int", "bigint", "int", "bool", "bigint"]),
+        [key, limit, outbox["retention_hours"], force, budget],
+    )[0]["n"]
+    budget -= drained
     if force:
         plpy.execute(plpy.prepare(CATCH_UP_GROUPS_SQL, ["int"]), [key])
     if drained:
