@@ -47,6 +47,8 @@ DECLARE
     v_beat timestamptz;
     v_now timestamptz;
     v_key int;
+    v_numberer boolean;
+    v_next_last bigint;
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
@@ -74,9 +76,17 @@ BEGIN
            SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
          WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
     END IF;
-    -- Everything above runs in parallel across consumers; from here to the caller's commit,
-    -- the consumers of this group take turns.
-    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    -- With a numberer running (part 24) the group's new rows wait in slots it committed, and
+    -- polls only claim lease rows with FOR UPDATE SKIP LOCKED: a poll never waits for another
+    -- consumer, and one whose transaction stays open holds back only the rows it claimed
+    -- (SPEC §2.2.4). Without one, this poll numbers and allocates itself, and from here to the
+    -- caller's commit the consumers of this group take turns, as the group row is locked.
+    v_numberer := mailbox._numberer_alive();
+    IF v_numberer THEN
+        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
+    ELSE
+        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    END IF;
     IF NOT FOUND THEN
         v_group := mailbox._lock_group(p_group);
     END IF;
@@ -92,23 +102,38 @@ BEGIN
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
 
-    -- The group's lowest lease that is expired (its rows are delivered again: at-least-once)
-    -- or already this consumer's own comes first. Own: the poller may be a new incarnation
-    -- under the same id that never saw those rows (docs/consumer-groups.md#restarts), and
-    -- taking the lowest such lease means every other lease of this id lies above what it is
-    -- given, so its commit covers only rows it received.
+    -- The group's lowest lease row that is a slot, expired (its rows are delivered again:
+    -- at-least-once) or already this consumer's own comes first. Own: the poller may be a new
+    -- incarnation under the same id that never saw those rows
+    -- (docs/consumer-groups.md#restarts), and taking the lowest such lease means every other
+    -- lease of this id lies above what it is given, so its commit covers only rows it
+    -- received. Rows locked by an open poll or commit are skipped, not waited for.
     SELECT l.first_offset, l.last_offset, l.consumer_id, l.lease_until
       INTO v_first, v_last, v_holder, v_held_until
       FROM mailbox._lease AS l
-     WHERE l.group_name = p_group AND (l.lease_until <= v_now OR l.consumer_id = p_consumer)
+     WHERE l.group_name = p_group
+       AND (l.lease_until IS NULL OR l.lease_until <= v_now OR l.consumer_id = p_consumer)
      ORDER BY l.first_offset
-     LIMIT 1;
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         IF v_last - v_first + 1 > p_batch_size THEN
-            -- take the front; the rest stays with its holder, as it was
+            -- take the front; the rest stays with its holder (or a slot), as it was -- though
+            -- hidden from other polls until this transaction ends (docs/design.md §5)
             INSERT INTO mailbox._lease (group_name, first_offset, last_offset, consumer_id, lease_until)
             VALUES (p_group, v_first + p_batch_size, v_last, v_holder, v_held_until);
             v_last := v_first + p_batch_size - 1;
+        ELSIF v_holder IS NULL THEN
+            -- a slot: the free slots right after it join the batch while they fit
+            LOOP
+                SELECT l.last_offset INTO v_next_last
+                  FROM mailbox._lease AS l
+                 WHERE l.group_name = p_group AND l.first_offset = v_last + 1 AND l.consumer_id IS NULL
+                   FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND OR v_next_last - v_first + 1 > p_batch_size;
+                DELETE FROM mailbox._lease AS l WHERE l.group_name = p_group AND l.first_offset = v_last + 1;
+                v_last := v_next_last;
+            END LOOP;
         END IF;
         UPDATE mailbox._lease
            SET last_offset = v_last, consumer_id = p_consumer, lease_until = v_until
@@ -128,11 +153,13 @@ BEGIN
     ELSE
         v_first := v_group.delivered_offset + 1;
         v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
-        IF v_head < v_first + p_batch_size - 1 THEN
+        IF v_head < v_first + p_batch_size - 1 AND NOT v_numberer THEN
             PERFORM mailbox._sequence_outbox(v_group.outbox_key, greatest(p_batch_size, 1000));
             v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
         END IF;
-        IF v_head < v_first THEN
+        -- with a numberer, unclaimed rows are in slots: what is left is claimed by open polls
+        -- or not numbered yet, and the numberer's next pass wakes this consumer
+        IF v_head < v_first OR v_numberer THEN
             -- nothing to deliver: this consumer now waits for a wake-up (part 17)
             INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
             VALUES (v_group.outbox_key, p_group, p_consumer,
@@ -197,6 +224,7 @@ DECLARE
     v_full bigint;
     v_partial bigint;
     v_batch bigint;
+    v_numberer boolean;
 BEGIN
     PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
     -- lock order as in poll_outbox: own consumer row, then the group row
@@ -207,21 +235,22 @@ BEGIN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
-    SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
-     WHERE g.group_name = p_group FOR UPDATE;
+    -- Without a numberer, commits and polls of a group take turns on its row, as the group
+    -- offset is stored here. With one, the commit locks only this consumer's rows (the
+    -- numberer stores the group offset), so an open transaction holds back nothing else.
+    v_numberer := mailbox._numberer_alive();
+    IF v_numberer THEN
+        SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
+         WHERE g.group_name = p_group;
+    ELSE
+        SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
+         WHERE g.group_name = p_group FOR UPDATE;
+    END IF;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < 0 THEN
         RAISE EXCEPTION 'invalid p_last_offset: %', p_last_offset
             USING ERRCODE = '22023',
                   HINT = 'Pass the offset (outbox_id) of the last row processed; offsets start at 1.';
-    END IF;
-    DELETE FROM mailbox._lost_lease AS x
-     WHERE x.group_name = p_group AND x.consumer_id = p_consumer AND x.first_offset <= p_last_offset;
-    IF FOUND THEN
-        RAISE WARNING 'lease lost: consumer % of group % no longer holds some offsets up to %',
-            p_consumer, p_group, p_last_offset
-            USING DETAIL = 'Its lease expired and the rows were delivered to another consumer.',
-                  HINT = 'Extend leases with mailbox.extend_lease() while a batch takes longer than its visibility timeout.';
     END IF;
 
     -- A commit acknowledges one batch: this consumer's highest lease starting at or below the
@@ -248,6 +277,17 @@ BEGIN
         RETURNING p_last_offset - cut.first_offset + 1 AS n
     )
     SELECT coalesce(pg_catalog.sum(n), 0) INTO v_partial FROM moved;
+    -- After the leases: a takeover of this consumer's lease that was running when this commit
+    -- started (possible with a numberer, where nothing serialises them) made the DELETE above
+    -- wait and skip the row; its lost range is visible from this statement on.
+    DELETE FROM mailbox._lost_lease AS x
+     WHERE x.group_name = p_group AND x.consumer_id = p_consumer AND x.first_offset <= p_last_offset;
+    IF FOUND THEN
+        RAISE WARNING 'lease lost: consumer % of group % no longer holds some offsets up to %',
+            p_consumer, p_group, p_last_offset
+            USING DETAIL = 'Its lease expired and the rows were delivered to another consumer.',
+                  HINT = 'Extend leases with mailbox.extend_lease() while a batch takes longer than its visibility timeout.';
+    END IF;
     -- Below the committed offset with nothing held there: a regression, ignored. (Rows this
     -- consumer holds below it -- redelivered to it after a takeover -- are acknowledged above.)
     IF v_full + v_partial = 0 AND p_last_offset < v_consumer.committed_offset THEN
@@ -258,10 +298,11 @@ BEGIN
         RETURN 0;
     END IF;
 
-    UPDATE mailbox._consumer_group AS g
-       SET group_offset = coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
-                                     WHERE l.group_name = p_group), g.delivered_offset)
-     WHERE g.group_name = p_group;
+    IF NOT v_numberer THEN
+        UPDATE mailbox._consumer_group AS g
+           SET group_offset = mailbox._group_offset(p_group, g.delivered_offset)
+         WHERE g.group_name = p_group;
+    END IF;
     -- nothing past what the group handed out can have been processed: a commit beyond it
     -- records the delivered offset, so the committed offset never passes the head
     UPDATE mailbox._consumer

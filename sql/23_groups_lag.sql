@@ -53,12 +53,16 @@ BEGIN
     ELSE
         v_keys := ARRAY(SELECT mailbox._consumable_outboxes());
     END IF;
-    -- the head must count every committed row, numbered or not yet
-    PERFORM mailbox._sequence_all(k.outbox_key)
-       FROM pg_catalog.unnest(v_keys) AS k (outbox_key) ORDER BY k.outbox_key;
+    -- the head must count every committed row, numbered or not yet; a running numberer
+    -- (part 24) numbers them within milliseconds, and numbering here would hold the
+    -- outbox's sequencer until the caller's transaction ends
+    IF NOT mailbox._numberer_alive() THEN
+        PERFORM mailbox._sequence_all(k.outbox_key)
+           FROM pg_catalog.unnest(v_keys) AS k (outbox_key) ORDER BY k.outbox_key;
+    END IF;
     RETURN QUERY
-    SELECT g.group_name, c.consumer_id, c.committed_offset, g.group_offset, o.head_offset,
-           o.head_offset - g.group_offset,
+    SELECT g.group_name, c.consumer_id, c.committed_offset, x.group_offset, o.head_offset,
+           o.head_offset - x.group_offset,
            coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1)::bigint FROM mailbox._lease AS l
                       WHERE l.group_name = g.group_name AND l.consumer_id = c.consumer_id
                         AND l.lease_until > pg_catalog.now()), 0),
@@ -66,6 +70,7 @@ BEGIN
            EXTRACT(EPOCH FROM pg_catalog.now() - c.last_heartbeat_at)::double precision,
            pg_catalog.now() - c.last_heartbeat_at < v_timeout
       FROM mailbox._consumer_group AS g
+     CROSS JOIN LATERAL (SELECT mailbox._group_offset(g.group_name, g.delivered_offset) AS group_offset) AS x
       JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
       LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
      WHERE g.outbox_key = ANY (v_keys) AND (p_group IS NULL OR g.group_name = p_group)
@@ -76,7 +81,9 @@ COMMENT ON FUNCTION mailbox.consumer_lag(text) IS
 'per consumer (one row with NULL consumer for a group without any): offsets, lag in rows, in-flight rows, health';
 
 CREATE VIEW mailbox.consumer_status AS
-SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset, g.group_offset,
+SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset,
+       coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                  WHERE l.group_name = g.group_name), g.delivered_offset) AS group_offset,
        coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
                   WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
                     AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
@@ -88,12 +95,17 @@ SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset, g.group_o
 COMMENT ON VIEW mailbox.consumer_status IS 'every consumer with its offsets, in-flight rows and health';
 
 CREATE VIEW mailbox.consumer_group_lag AS
-SELECT g.group_name, o.outbox_name, g.auto_offset_reset, g.group_offset, g.delivered_offset, o.head_offset,
-       o.head_offset - g.group_offset AS lag,
+SELECT g.group_name, o.outbox_name, g.auto_offset_reset, x.group_offset, g.delivered_offset, o.head_offset,
+       o.head_offset - x.group_offset AS lag,
        (SELECT pg_catalog.count(*) FROM mailbox._consumer AS c WHERE c.group_name = g.group_name) AS consumers,
        coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
                   WHERE l.group_name = g.group_name AND l.lease_until > pg_catalog.now()), 0) AS in_flight
   FROM mailbox._consumer_group AS g
+ CROSS JOIN LATERAL (
+       -- as mailbox._group_offset(), which a view's caller may not execute
+       SELECT coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                         WHERE l.group_name = g.group_name), g.delivered_offset) AS group_offset
+ ) AS x
   JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
 COMMENT ON VIEW mailbox.consumer_group_lag IS
 'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';
