@@ -129,8 +129,9 @@ BEGIN
                 SELECT l.last_offset INTO v_next_last
                   FROM mailbox._lease AS l
                  WHERE l.group_name = p_group AND l.first_offset = v_last + 1 AND l.consumer_id IS NULL
+                   AND l.last_offset - v_first + 1 <= p_batch_size -- (a slot that does not fit stays unlocked)
                    FOR UPDATE SKIP LOCKED;
-                EXIT WHEN NOT FOUND OR v_next_last - v_first + 1 > p_batch_size;
+                EXIT WHEN NOT FOUND;
                 DELETE FROM mailbox._lease AS l WHERE l.group_name = p_group AND l.first_offset = v_last + 1;
                 v_last := v_next_last;
             END LOOP;

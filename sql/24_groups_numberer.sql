@@ -173,7 +173,7 @@ BEGIN
             IF mailbox._numberer_has_waiters() THEN
                 v_idle_ms := 1;
             ELSE
-                v_idle_ms := pg_catalog.least(v_idle_ms * 2, 10);
+                v_idle_ms := least(v_idle_ms * 2, 10);
             END IF;
             PERFORM pg_catalog.pg_sleep(v_idle_ms / 1000.0);
             COMMIT;
