@@ -73,6 +73,22 @@ CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
 COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._lease', '');
 
+-- Groups of a partitioned outbox (parts 26, 27) lease partitions, not offset ranges.
+CREATE TABLE mailbox._partition_lease (
+    group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
+    part int NOT NULL,
+    consumer_id text,
+    lease_until timestamptz,
+    -- every row of the partition at or below acked_offset is acknowledged; rows in
+    -- (acked_offset, delivered_offset] are in flight to consumer_id
+    acked_offset bigint NOT NULL,
+    delivered_offset bigint NOT NULL,
+    PRIMARY KEY (group_name, part),
+    CHECK (acked_offset <= delivered_offset)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE mailbox._partition_lease IS 'pg_mailbox: which consumer of a group holds each partition, and its offsets';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_lease', '');
+
 -- The group offset as it is now: every offset of a group above it is in a lease row (claimed
 -- or a slot), so it is the lowest leased offset - 1, or delivered_offset without any. The
 -- stored group_offset is this value as of the last commit (no numberer running) or the last
@@ -238,6 +254,7 @@ BEGIN
     END IF;
     INSERT INTO mailbox._consumer_group (group_name, outbox_key, auto_offset_reset, group_offset, delivered_offset)
     VALUES (p_name, v_key, p_auto_offset_reset, v_start, v_start);
+    PERFORM mailbox._reset_partitions(p_name, v_key, v_start); -- a partitioned outbox (part 26)
 END
 $$;
 COMMENT ON FUNCTION mailbox.create_consumer_group(text, text, text) IS

@@ -25,7 +25,7 @@ CREATE FUNCTION mailbox.poll_outbox(
 RETURNS TABLE (
     outbox_id bigint, event_id uuid, created_at timestamptz, source text, event_type text, key text,
     headers jsonb, inserted_count int, deleted_count int, is_claim_check boolean, full_refresh boolean,
-    payload jsonb
+    payload jsonb, partition int
 )
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- consumers read the outbox and write leases only through this function
@@ -49,6 +49,8 @@ DECLARE
     v_key int;
     v_numberer boolean;
     v_next_last bigint;
+    v_parts int;
+    v_unparked bigint[];
 BEGIN
     PERFORM mailbox._check_positive(p_batch_size, 'p_batch_size', 100000);
     PERFORM mailbox._check_positive(p_visibility_seconds, 'p_visibility_seconds', 604800);
@@ -76,6 +78,13 @@ BEGIN
            SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
          WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
     END IF;
+    -- A partitioned outbox (part 27): partitions are leased, not offset ranges.
+    v_parts := mailbox._outbox_partitions(v_key);
+    IF v_parts > 1 THEN
+        RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
+            p_group, p_consumer, p_batch_size, p_visibility_seconds, v_key, v_parts);
+        RETURN;
+    END IF;
     -- With a numberer running (part 24) the group's new rows wait in slots it committed, and
     -- polls only claim lease rows with FOR UPDATE SKIP LOCKED: a poll never waits for another
     -- consumer, and one whose transaction stays open holds back only the rows it claimed
@@ -101,6 +110,19 @@ BEGIN
     -- waited for the group longer than the visibility timeout.
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
+    -- rows an operator unparked (part 27) come first, alone
+    IF EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k WHERE k.group_name = p_group AND k.unparked_at IS NOT NULL) THEN
+        v_unparked := mailbox._take_unparked(p_group, p_consumer, NULL, v_until);
+        IF v_unparked IS NOT NULL THEN
+            RETURN QUERY
+            SELECT k.outbox_id, k.event_id, k.created_at, k.source, k.event_type, k.key, k.headers,
+                   k.inserted_count, k.deleted_count, k.is_claim_check, k.full_refresh, k.payload, 0
+              FROM mailbox._outbox_parked AS k
+             WHERE k.group_name = p_group AND k.outbox_id = ANY (v_unparked)
+             ORDER BY k.outbox_id;
+            RETURN;
+        END IF;
+    END IF;
 
     -- The group's lowest lease row that is a slot, expired (its rows are delivered again:
     -- at-least-once) or already this consumer's own comes first. Own: the poller may be a new
@@ -181,7 +203,7 @@ BEGIN
     RETURN QUERY
     SELECT c.base_offset + 1 + (l._id - c.first_id),
            l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
-           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
       FROM mailbox._outbox_chunk AS c
       JOIN mailbox._outbox_log AS l
         ON l.outbox_key = c.outbox_key
@@ -192,7 +214,7 @@ BEGIN
     UNION ALL
     SELECT s.first_in_chunk + u.n - 1,
            l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
-           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
       FROM mailbox._outbox_chunk AS c
      CROSS JOIN LATERAL (
            SELECT greatest(v_first, c.base_offset + 1) AS first_in_chunk,
@@ -226,8 +248,10 @@ DECLARE
     v_partial bigint;
     v_batch bigint;
     v_numberer boolean;
+    v_key int := mailbox._group_outbox(p_group);
+    v_unparked bigint;
 BEGIN
-    PERFORM mailbox._authorize('outbox', mailbox._group_outbox(p_group), 'consume');
+    PERFORM mailbox._authorize('outbox', v_key, 'consume');
     -- lock order as in poll_outbox: own consumer row, then the group row
     SELECT * INTO v_consumer FROM mailbox._consumer AS c
      WHERE c.group_name = p_group AND c.consumer_id = p_consumer
@@ -235,6 +259,9 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
+    END IF;
+    IF mailbox._outbox_partitions(v_key) > 1 THEN
+        RETURN mailbox._commit_partitioned(p_group, p_consumer, p_last_offset, v_key, v_consumer.committed_offset);
     END IF;
     -- Without a numberer, commits and polls of a group take turns on its row, as the group
     -- offset is stored here. With one, the commit locks only this consumer's rows (the
@@ -278,6 +305,15 @@ BEGIN
         RETURNING p_last_offset - cut.first_offset + 1 AS n
     )
     SELECT coalesce(pg_catalog.sum(n), 0) INTO v_partial FROM moved;
+    -- unparked rows this consumer received again (part 27)
+    WITH gone AS (
+        DELETE FROM mailbox._outbox_parked AS k
+         WHERE k.group_name = p_group AND k.consumer_id = p_consumer AND k.unparked_at IS NOT NULL
+           AND k.outbox_id <= p_last_offset
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) INTO v_unparked FROM gone;
+    v_partial := v_partial + v_unparked;
     -- After the leases: a takeover of this consumer's lease that was running when this commit
     -- started (possible with a numberer, where nothing serialises them) made the DELETE above
     -- wait and skip the row; its lost range is visible from this statement on.
@@ -343,6 +379,19 @@ BEGIN
     IF FOUND THEN
         v_until := v_now + pg_catalog.make_interval(secs => p_extension_seconds);
     END IF;
+    -- partition leases and unparked rows delivered again (parts 26, 27)
+    UPDATE mailbox._partition_lease
+       SET lease_until = v_now + pg_catalog.make_interval(secs => p_extension_seconds)
+     WHERE group_name = p_group AND consumer_id = p_consumer AND lease_until > v_now;
+    IF FOUND THEN
+        v_until := v_now + pg_catalog.make_interval(secs => p_extension_seconds);
+    END IF;
+    UPDATE mailbox._outbox_parked
+       SET lease_until = v_now + pg_catalog.make_interval(secs => p_extension_seconds)
+     WHERE group_name = p_group AND consumer_id = p_consumer AND lease_until > v_now;
+    IF FOUND THEN
+        v_until := v_now + pg_catalog.make_interval(secs => p_extension_seconds);
+    END IF;
     RETURN v_until;
 END
 $$;
@@ -385,6 +434,7 @@ BEGIN
         v_new := least(greatest(v_new, v_low), v_head);
     END IF;
     DELETE FROM mailbox._lease WHERE group_name = p_group;
+    PERFORM mailbox._reset_partitions(p_group, v_group.outbox_key, v_new);
     UPDATE mailbox._consumer_group SET group_offset = v_new, delivered_offset = v_new WHERE group_name = p_group;
     UPDATE mailbox._consumer SET committed_offset = v_new WHERE group_name = p_group;
     DELETE FROM mailbox._lost_lease WHERE group_name = p_group;

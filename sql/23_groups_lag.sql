@@ -65,12 +65,18 @@ BEGIN
            o.head_offset - x.group_offset,
            coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1)::bigint FROM mailbox._lease AS l
                       WHERE l.group_name = g.group_name AND l.consumer_id = c.consumer_id
-                        AND l.lease_until > pg_catalog.now()), 0),
+                        AND l.lease_until > pg_catalog.now()), 0)
+           + coalesce((SELECT pg_catalog.sum(p.in_flight)::bigint FROM mailbox.consumer_partition_lag AS p
+                        WHERE p.group_name = g.group_name AND p.consumer_id = c.consumer_id AND p.leased), 0),
            c.last_heartbeat_at,
            EXTRACT(EPOCH FROM pg_catalog.now() - c.last_heartbeat_at)::double precision,
            pg_catalog.now() - c.last_heartbeat_at < v_timeout
       FROM mailbox._consumer_group AS g
-     CROSS JOIN LATERAL (SELECT mailbox._group_offset(g.group_name, g.delivered_offset) AS group_offset) AS x
+     CROSS JOIN LATERAL (
+           SELECT CASE WHEN mailbox._outbox_partitions(g.outbox_key) > 1
+                       THEN mailbox._partitioned_group_offset(g.group_name, g.outbox_key)
+                       ELSE mailbox._group_offset(g.group_name, g.delivered_offset) END AS group_offset
+     ) AS x
       JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
       LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
      WHERE g.outbox_key = ANY (v_keys) AND (p_group IS NULL OR g.group_name = p_group)
@@ -88,7 +94,11 @@ SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset,
                   WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
                     AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
        c.registered_at, c.last_heartbeat_at, c.last_commit_at,
-       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy
+       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy,
+       -- the partitions it holds (partitioned outboxes, part 26)
+       ARRAY(SELECT pl.part FROM mailbox._partition_lease AS pl
+              WHERE pl.group_name = c.group_name AND pl.consumer_id = c.consumer_id
+                AND pl.lease_until > pg_catalog.now() ORDER BY pl.part) AS partitions
   FROM mailbox._consumer AS c
   JOIN mailbox._consumer_group AS g ON g.group_name = c.group_name
   JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;

@@ -92,12 +92,21 @@ DECLARE
     v_name text;
     v_head bigint;
     v_slotted bigint;
+    v_n bigint;
     v_total bigint := 0;
 BEGIN
     FOR v_key, v_name IN SELECT o.outbox_key, o.outbox_name FROM mailbox._outbox AS o ORDER BY o.outbox_key LOOP
-        v_total := v_total + mailbox._sequence_outbox(v_key, 10000);
+        v_n := mailbox._sequence_outbox(v_key, 10000);
+        v_total := v_total + v_n;
         v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_key);
-        v_slotted := mailbox._slot_groups(v_key, v_head);
+        IF mailbox._outbox_partitions(v_key) > 1 THEN
+            -- partitioned groups read the numbered rows by partition: no slots (part 26)
+            v_slotted := v_n;
+            PERFORM mailbox._store_partitioned_group_offset(g.group_name, v_key)
+               FROM mailbox._consumer_group AS g WHERE g.outbox_key = v_key ORDER BY g.group_name;
+        ELSE
+            v_slotted := mailbox._slot_groups(v_key, v_head);
+        END IF;
         v_total := v_total + v_slotted;
         IF v_slotted > 0 AND mailbox._outbox_has_waiter(v_key) THEN
             PERFORM pg_catalog.pg_notify('mailbox_outbox_new', v_name);
