@@ -183,7 +183,7 @@ BEGIN
         END IF;
         UPDATE mailbox._partition_lease AS pl SET delivered_offset = m.last_offset
           FROM (SELECT u.part, pg_catalog.max(u.o) AS last_offset
-                  FROM pg_catalog.unnest(v_sel, v_offs) AS u (part, o) GROUP BY u.part) AS m
+                  FROM ROWS FROM (pg_catalog.unnest(v_sel), pg_catalog.unnest(v_offs)) AS u (part, o) GROUP BY u.part) AS m
          WHERE pl.group_name = p_group AND pl.part = m.part;
     END IF;
     DELETE FROM mailbox._outbox_waiter AS w
@@ -191,7 +191,7 @@ BEGIN
     RETURN QUERY
     SELECT u.o, l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
            l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, u.part
-      FROM pg_catalog.unnest(v_offs, v_rows, v_sel) AS u (o, row_id, part)
+      FROM ROWS FROM (pg_catalog.unnest(v_offs), pg_catalog.unnest(v_rows), pg_catalog.unnest(v_sel)) AS u (o, row_id, part)
       JOIN mailbox._outbox_log AS l ON l.outbox_key = p_key AND l._id = u.row_id
      ORDER BY u.o;
 END
