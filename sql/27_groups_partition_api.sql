@@ -47,6 +47,7 @@ DECLARE
     v_ack bigint[];
     v_del bigint[];
     v_min bigint;
+    v_max bigint;
     v_inflight boolean;
     v_offs bigint[];
     v_rows bigint[];
@@ -56,7 +57,11 @@ BEGIN
     INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
     VALUES (p_group, p_consumer)
     ON CONFLICT (group_name, consumer_id) DO NOTHING;
-    IF NOT mailbox._numberer_alive() THEN
+    -- without a numberer, number when the group is near the head (as part 22 does)
+    IF (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key)
+       < (SELECT pg_catalog.max(pl.delivered_offset) FROM mailbox._partition_lease AS pl
+           WHERE pl.group_name = p_group) + p_batch_size
+       AND NOT mailbox._numberer_alive() THEN
         PERFORM mailbox._sequence_outbox(p_key, greatest(p_batch_size, 1000));
     END IF;
     v_now := pg_catalog.clock_timestamp();
@@ -144,18 +149,21 @@ BEGIN
         v_ack[v_rec.part + 1] := v_rec.acked_offset;
         v_del[v_rec.part + 1] := v_rec.delivered_offset;
     END LOOP;
-    v_min := (SELECT pg_catalog.min(a) FROM pg_catalog.unnest(v_ack) AS a);
     -- In flight (delivered, not acknowledged, not parked): delivered again, before anything
     -- new. A partition whose in-flight rows were all parked is acknowledged up to them.
-    SELECT pg_catalog.array_agg(w.outbox_id ORDER BY w.outbox_id), pg_catalog.array_agg(w.row_id ORDER BY w.outbox_id),
-           pg_catalog.array_agg(w.part ORDER BY w.outbox_id)
-      INTO v_offs, v_rows, v_sel
-      FROM (SELECT x.outbox_id, x.row_id, x.part::int AS part FROM mailbox._outbox_part AS x
-             WHERE x.outbox_key = p_key AND x.outbox_id > v_min
-               AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]
-               AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
-                                WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id)
-             ORDER BY x.outbox_id LIMIT p_batch_size) AS w;
+    SELECT pg_catalog.min(u.a), pg_catalog.max(u.d) INTO v_min, v_max
+      FROM ROWS FROM (pg_catalog.unnest(v_ack), pg_catalog.unnest(v_del)) AS u (a, d) WHERE u.d > u.a;
+    IF v_min IS NOT NULL THEN
+        SELECT pg_catalog.array_agg(w.outbox_id ORDER BY w.outbox_id), pg_catalog.array_agg(w.row_id ORDER BY w.outbox_id),
+               pg_catalog.array_agg(w.part ORDER BY w.outbox_id)
+          INTO v_offs, v_rows, v_sel
+          FROM (SELECT x.outbox_id, x.row_id, x.part::int AS part FROM mailbox._outbox_part AS x
+                 WHERE x.outbox_key = p_key AND x.outbox_id > v_min AND x.outbox_id <= v_max
+                   AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]
+                   AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                                    WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id)
+                 ORDER BY x.outbox_id LIMIT p_batch_size) AS w;
+    END IF;
     v_inflight := v_offs IS NOT NULL;
     IF NOT v_inflight THEN
         UPDATE mailbox._partition_lease AS pl SET acked_offset = pl.delivered_offset
@@ -208,6 +216,11 @@ AS $$
 DECLARE
     v_n bigint;
     v_unparked bigint;
+    v_rec record;
+    v_ack bigint[];
+    v_del bigint[];
+    v_parts int[] := '{}';
+    v_min bigint;
 BEGIN
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < 0 THEN
@@ -215,22 +228,30 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Pass the offset (outbox_id) of the last row processed; offsets start at 1.';
     END IF;
-    -- each partition this consumer holds acknowledges its in-flight rows up to the offset
-    WITH held AS (
-        SELECT pl.part, pl.acked_offset, least(pl.delivered_offset, p_last_offset) AS new_acked
-          FROM mailbox._partition_lease AS pl
+    -- each partition this consumer holds acknowledges its in-flight rows up to the offset,
+    -- counted in one index range scan
+    v_ack := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
+    v_del := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
+    FOR v_rec IN
+        SELECT pl.part, pl.acked_offset, pl.delivered_offset FROM mailbox._partition_lease AS pl
          WHERE pl.group_name = p_group AND pl.consumer_id = p_consumer
            AND pl.delivered_offset > pl.acked_offset AND pl.acked_offset < p_last_offset
+         ORDER BY pl.part
            FOR UPDATE
-    ), done AS (
-        UPDATE mailbox._partition_lease AS pl SET acked_offset = h.new_acked
-          FROM held AS h
-         WHERE pl.group_name = p_group AND pl.part = h.part AND pl.consumer_id = p_consumer
-        RETURNING (SELECT pg_catalog.count(*) FROM mailbox._outbox_part AS x
-                    WHERE x.outbox_key = p_key AND x.outbox_id > h.acked_offset
-                      AND x.outbox_id <= h.new_acked AND x.part = h.part) AS n
-    )
-    SELECT coalesce(pg_catalog.sum(done.n), 0) INTO v_n FROM done;
+    LOOP
+        v_ack[v_rec.part + 1] := v_rec.acked_offset;
+        v_del[v_rec.part + 1] := least(v_rec.delivered_offset, p_last_offset);
+        v_parts := v_parts || v_rec.part;
+        v_min := least(v_min, v_rec.acked_offset);
+    END LOOP;
+    v_n := 0;
+    IF v_min IS NOT NULL THEN
+        v_n := (SELECT pg_catalog.count(*) FROM mailbox._outbox_part AS x
+                 WHERE x.outbox_key = p_key AND x.outbox_id > v_min AND x.outbox_id <= p_last_offset
+                   AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]);
+        UPDATE mailbox._partition_lease AS pl SET acked_offset = least(pl.delivered_offset, p_last_offset)
+         WHERE pl.group_name = p_group AND pl.part = ANY (v_parts);
+    END IF;
     WITH gone AS (
         DELETE FROM mailbox._outbox_parked AS k
          WHERE k.group_name = p_group AND k.consumer_id = p_consumer AND k.unparked_at IS NOT NULL

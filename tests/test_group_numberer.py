@@ -100,12 +100,17 @@ def test_an_idle_poll_transaction_holds_back_only_its_own_rows(outbox, numberer,
     assert offsets(poll(other, "g", "other", batch=100)) == [11, 12, 13, 14, 15]
     assert commit(other, "g", "other", 15) == 5
     assert offsets(poll(third, "h", "third", batch=100)) == [11, 12, 13, 14, 15]
-    lag = rows(db, "SELECT group_name, group_offset, lag FROM mailbox.consumer_group_lag ORDER BY 1")
+    lag = rows(
+        db, "SELECT group_name, group_offset, lag FROM mailbox.consumer_group_lag ORDER BY 1"
+    )
     assert lag == [("g", 0, 15), ("h", 10, 5)]  # g waits for the idle consumer's rows only
     # the idle consumer finishes normally: its commit acknowledges exactly its batch
     assert commit(idle, "g", "idle", 4) == 4
     idle.commit()
-    assert scalar(db, "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = 'g'") == 15
+    assert (
+        scalar(db, "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = 'g'")
+        == 15
+    )
 
 
 def test_rows_of_an_idle_transaction_that_rolls_back_are_delivered_again(outbox, numberer, connect):
@@ -124,7 +129,10 @@ def test_rows_of_an_idle_transaction_that_rolls_back_are_delivered_again(outbox,
     idle.rollback()  # e.g. the consumer crashed mid-batch and its session ended
     assert offsets(poll(other, "g", "other", batch=10)) == [1, 2, 3, 4]
     assert commit(other, "g", "other", 4) == 4
-    assert scalar(db, "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = 'g'") == 8
+    assert (
+        scalar(db, "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = 'g'")
+        == 8
+    )
 
 
 def test_an_idle_consumers_expired_lease_is_fenced_after_its_transaction(outbox, numberer, connect):

@@ -6,7 +6,6 @@ import threading
 import time
 from collections import defaultdict
 
-import psycopg
 import pytest
 from groups import Notices, commit
 from mbx import raises, rows, scalar
@@ -39,7 +38,13 @@ def test_p_partitions_is_checked_and_recorded(db):
     db.execute("SELECT mailbox.create_outbox('p1')")
     db.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
     db.execute("SELECT mailbox.enable_outbox('public.t', p_partitions => 8)")
-    got = dict(rows(db, "SELECT o.outbox_name, mailbox._outbox_partitions(o.outbox_key) FROM mailbox._outbox AS o"))
+    got = dict(
+        rows(
+            db,
+            "SELECT o.outbox_name, mailbox._outbox_partitions(o.outbox_key)"
+            " FROM mailbox._outbox AS o",
+        )
+    )
     assert got["p4"] == 4 and got["p1"] == 1 and sorted(got.values()) == [1, 4, 8]
 
 
@@ -98,10 +103,14 @@ def test_four_consumers_sixteen_partitions_per_key_order_exactly_once(pbox, conn
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
-        threads = [threading.Thread(target=produce_keyed, args=(connect, i, keys, total // 4, errors))
-                   for i in range(4)]
+        threads = [
+            threading.Thread(target=produce_keyed, args=(connect, i, keys, total // 4, errors))
+            for i in range(4)
+        ]
         for group in ("g", "h"):
-            threads += [threading.Thread(target=consume, args=(group, f"{group}{i}")) for i in range(4)]
+            threads += [
+                threading.Thread(target=consume, args=(group, f"{group}{i}")) for i in range(4)
+            ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 240
@@ -116,13 +125,17 @@ def test_four_consumers_sixteen_partitions_per_key_order_exactly_once(pbox, conn
         assert not errors, errors
         for group, got in received.items():
             offsets = [o for o, _ in got]
-            assert sorted(offsets) == list(range(1, total + 1)), f"{group}: not every row exactly once"
+            assert sorted(offsets) == list(range(1, total + 1)), (
+                f"{group}: not every row exactly once"
+            )
             last = {}
             for o, k in got:  # receive order, across the group's consumers
                 assert last.get(k, 0) < o, f"{group}: key {k} row {o} after {last.get(k)}"
                 last[k] = o
             assert len(last) > 400
-        assert rows(db, "SELECT group_offset, lag FROM mailbox.consumer_lag('g') LIMIT 1") == [(total, 0)]
+        assert rows(db, "SELECT group_offset, lag FROM mailbox.consumer_lag('g') LIMIT 1") == [
+            (total, 0)
+        ]
     finally:
         numberer.stop()
 
@@ -169,7 +182,7 @@ def test_killed_holder_partition_is_taken_over_in_order(pbox, connect):
     got_a = ppoll(a, "g", "a", batch=30, visibility=1)
     a.commit()  # leases committed; a works on them ...
     by_part = defaultdict(list)
-    for o, k, p in got_a:
+    for o, _, p in got_a:
         by_part[p].append(o)
     acked = got_a[9][0]
     assert commit(a, "g", "a", acked) == 10  # acknowledges its first ten rows
@@ -276,7 +289,13 @@ def test_rebalance_while_rows_flow(pbox, connect):
     assert sorted(counts.values()) == [8, 8]
     # while three were live, each held its share at some point
     assert any(len(set(s.values())) == 3 for s in samples)
-    status = dict(rows(db, "SELECT consumer_id, cardinality(partitions) FROM mailbox.consumer_status WHERE group_name = 'g'"))
+    status = dict(
+        rows(
+            db,
+            "SELECT consumer_id, cardinality(partitions) FROM mailbox.consumer_status"
+            " WHERE group_name = 'g'",
+        )
+    )
     assert status["c1"] + status["c3"] == 16
 
 
@@ -284,7 +303,9 @@ def test_park_and_unpark(pbox, connect):
     db = pbox
     poison = "poison"
     p = partition_of(db, poison, 16)
-    other_same_part = next(k for k in (f"x{i}" for i in range(1000)) if partition_of(db, k, 16) == p and k != poison)
+    other_same_part = next(
+        k for k in (f"x{i}" for i in range(1000)) if partition_of(db, k, 16) == p and k != poison
+    )
     publish_key_rows(db, "e", [poison, other_same_part, poison, "zz"])
     c = connect()
     got = ppoll(c, "g", "c")
@@ -304,7 +325,10 @@ def test_park_and_unpark(pbox, connect):
     time.sleep(1.2)
     d = connect()  # polls with visibility 1, so c (silent for 1.2 s) no longer counts
     assert ppoll(d, "g", "d", visibility=1) == []  # 5 parked: nothing else is pending
-    assert scalar(db, "SELECT group_offset FROM mailbox.consumer_lag('g') WHERE consumer_id = 'd'") == 5
+    assert (
+        scalar(db, "SELECT group_offset FROM mailbox.consumer_lag('g') WHERE consumer_id = 'd'")
+        == 5
+    )
     # unpark: delivered again (to the holder of its partition), acknowledged by its commit
     db.execute("SELECT mailbox.outbox_unpark('g', 1)")
     assert rows(db, "SELECT outbox_id FROM mailbox.outbox_parked") == [(5,)]
@@ -342,13 +366,22 @@ def test_idle_in_transaction_holder_of_one_partition_delays_no_other(db, connect
         pa = next(p for p, c in h.items() if c == "a")
         ka, kb = (k0, k1) if pa == 0 else (k1, k0)
         publish_key_rows(db, "e", [ka, kb])
-        wait_for(lambda: scalar(db, "SELECT head_offset FROM mailbox._outbox WHERE outbox_name = 'e'") == 2)
+        wait_for(
+            lambda: (
+                scalar(db, "SELECT head_offset FROM mailbox._outbox WHERE outbox_name = 'e'") == 2
+            )
+        )
         got_a = ppoll(a, "g", "a")
         assert [r[1] for r in got_a] == [ka]
         # a now idles in its poll transaction; b's partition keeps flowing
         for i in range(3):
             publish_key_rows(db, "e", [kb, ka])
-            wait_for(lambda: scalar(db, "SELECT head_offset FROM mailbox._outbox WHERE outbox_name = 'e'") == 4 + 2 * i)
+            wait_for(
+                lambda: (
+                    scalar(db, "SELECT head_offset FROM mailbox._outbox WHERE outbox_name = 'e'")
+                    == 4 + 2 * i  # noqa: B023 - called within the iteration
+                )
+            )
             got_b = ppoll(b, "g", "b")
             assert [r[1] for r in got_b] == [kb] * (2 if i == 0 else 1)
             assert commit(b, "g", "b", got_b[-1][0]) == len(got_b)
