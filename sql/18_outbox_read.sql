@@ -69,7 +69,7 @@ BEGIN
         RETURN 0;
     END IF;
     v_was_open := v_win;
-    v_parts := mailbox._outbox_partitions(p_key);
+    v_parts := coalesce((SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = p_key), 1);
     IF pg_catalog.pg_snapshot_xmax(v_seq) = '2'::xid8 THEN
         -- restored from a dump: its transaction ids are another cluster's (part 10)
         v_total := mailbox._rebase_restored_outbox(p_key);

@@ -79,7 +79,7 @@ BEGIN
          WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
     END IF;
     -- A partitioned outbox (part 27): partitions are leased, not offset ranges.
-    v_parts := mailbox._outbox_partitions(v_key);
+    v_parts := (SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = v_key);
     IF v_parts > 1 THEN
         RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
             p_group, p_consumer, p_batch_size, p_visibility_seconds, v_key, v_parts);
@@ -260,7 +260,7 @@ BEGIN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
-    IF mailbox._outbox_partitions(v_key) > 1 THEN
+    IF EXISTS (SELECT 1 FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = v_key) THEN
         RETURN mailbox._commit_partitioned(p_group, p_consumer, p_last_offset, v_key, v_consumer.committed_offset);
     END IF;
     -- Without a numberer, commits and polls of a group take turns on its row, as the group

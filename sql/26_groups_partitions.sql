@@ -131,6 +131,12 @@ CREATE FUNCTION mailbox._partitioned_group_offset(p_group text, p_key int)
 RETURNS bigint
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
+-- offsets are read in index order and rows by index probes: a backlog numbered moments ago
+-- has no statistics yet, and the planner's bitmap scans, sorts and hash joins over the whole
+-- outbox cost far more than the batch
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
     SELECT coalesce(pg_catalog.min(n.next_offset) - 1,
                     (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key))

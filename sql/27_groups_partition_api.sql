@@ -34,6 +34,12 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
+-- offsets are read in index order and rows by index probes: a backlog numbered moments ago
+-- has no statistics yet, and the planner's bitmap scans, sorts and hash joins over the whole
+-- outbox cost far more than the batch
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -53,6 +59,7 @@ DECLARE
     v_rows bigint[];
     v_sel int[];
     v_unparked bigint[];
+    v_parked boolean;
 BEGIN
     INSERT INTO mailbox._consumer AS c (group_name, consumer_id)
     VALUES (p_group, p_consumer)
@@ -130,7 +137,11 @@ BEGIN
      WHERE pl.group_name = p_group AND pl.part = ANY (v_mine);
 
     -- rows an operator unparked come first, alone
-    v_unparked := mailbox._take_unparked(p_group, p_consumer, v_mine, v_until);
+    v_parked := EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k WHERE k.group_name = p_group);
+    IF v_parked AND EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                             WHERE k.group_name = p_group AND k.unparked_at IS NOT NULL) THEN
+        v_unparked := mailbox._take_unparked(p_group, p_consumer, v_mine, v_until);
+    END IF;
     IF v_unparked IS NOT NULL THEN
         RETURN QUERY
         SELECT k.outbox_id, k.event_id, k.created_at, k.source, k.event_type, k.key, k.headers,
@@ -160,8 +171,8 @@ BEGIN
           FROM (SELECT x.outbox_id, x.row_id, x.part::int AS part FROM mailbox._outbox_part AS x
                  WHERE x.outbox_key = p_key AND x.outbox_id > v_min AND x.outbox_id <= v_max
                    AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]
-                   AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
-                                    WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id)
+                   AND (NOT v_parked OR NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                                                     WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id))
                  ORDER BY x.outbox_id LIMIT p_batch_size) AS w;
     END IF;
     v_inflight := v_offs IS NOT NULL;
@@ -180,8 +191,8 @@ BEGIN
           INTO v_offs, v_rows, v_sel
           FROM (SELECT x.outbox_id, x.row_id, x.part::int AS part FROM mailbox._outbox_part AS x
                  WHERE x.outbox_key = p_key AND x.outbox_id > v_min AND x.outbox_id > v_ack[x.part + 1]
-                   AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
-                                    WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id)
+                   AND (NOT v_parked OR NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                                                     WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id))
                  ORDER BY x.outbox_id LIMIT p_batch_size) AS w;
         IF v_offs IS NULL THEN
             INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
@@ -200,7 +211,10 @@ BEGIN
     SELECT u.o, l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
            l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, u.part
       FROM ROWS FROM (pg_catalog.unnest(v_offs), pg_catalog.unnest(v_rows), pg_catalog.unnest(v_sel)) AS u (o, row_id, part)
-      JOIN mailbox._outbox_log AS l ON l.outbox_key = p_key AND l._id = u.row_id
+     CROSS JOIN LATERAL (
+           -- one index probe per row (LIMIT keeps the planner from joining the whole log)
+           SELECT x.* FROM mailbox._outbox_log AS x WHERE x.outbox_key = p_key AND x._id = u.row_id LIMIT 1
+     ) AS l
      ORDER BY u.o;
 END
 $$;
@@ -212,6 +226,12 @@ CREATE FUNCTION mailbox._commit_partitioned(
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
+-- offsets are read in index order and rows by index probes: a backlog numbered moments ago
+-- has no statistics yet, and the planner's bitmap scans, sorts and hash joins over the whole
+-- outbox cost far more than the batch
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     v_n bigint;
@@ -282,7 +302,9 @@ BEGIN
            last_commit_at = pg_catalog.now(),
            last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
      WHERE group_name = p_group AND consumer_id = p_consumer;
-    IF v_n > 0 THEN
+    -- the stored group offset (retention, consumer_group_lag) follows every thousand
+    -- offsets; consumer_lag() computes it afresh
+    IF v_n > 0 AND p_last_offset / 1000 <> v_min / 1000 THEN
         PERFORM mailbox._store_partitioned_group_offset(p_group, p_key);
     END IF;
     RETURN v_n;
