@@ -86,7 +86,8 @@ CREATE TABLE mailbox._partition_lease (
     PRIMARY KEY (group_name, part),
     CHECK (acked_offset <= delivered_offset)
 ) WITH (fillfactor = 50);
-COMMENT ON TABLE mailbox._partition_lease IS 'pg_mailbox: which consumer of a group holds each partition, and its offsets';
+COMMENT ON TABLE mailbox._partition_lease IS
+'pg_mailbox: which consumer of a group holds each partition, and its offsets';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_lease', '');
 
 -- The group offset as it is now: every offset of a group above it is in a lease row (claimed

@@ -191,7 +191,7 @@ BEGIN
     PERFORM pg_catalog.pg_advisory_unlock(7168634, 0);
 END
 $$;
-COMMENT ON PROCEDURE mailbox.run_numberer(int) IS
+COMMENT ON PROCEDURE mailbox.run_numberer(int) IS -- noqa: LT01
 'number new outbox rows and hand them to consumer groups in short transactions of its own, for p_seconds';
 
 CREATE FUNCTION mailbox.schedule_numberer()

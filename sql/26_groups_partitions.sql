@@ -61,7 +61,8 @@ CREATE TABLE mailbox._outbox_parked (
     lease_until timestamptz,
     PRIMARY KEY (group_name, outbox_id)
 );
-COMMENT ON TABLE mailbox._outbox_parked IS 'pg_mailbox: rows a consumer parked (poison), kept until unparked and acknowledged';
+COMMENT ON TABLE mailbox._outbox_parked IS
+'pg_mailbox: rows a consumer parked (poison), kept until unparked and acknowledged';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_parked', '');
 
 CREATE VIEW mailbox.outbox_parked AS
