@@ -6,7 +6,11 @@ timings are the consumers' alone), then drains it with a fresh 'earliest' group 
 
 - work:    1, 2 and 4 consumers over the partitioned outbox, each spending --work-ms per
            message (one sleep per batch, so the threads do not hold the GIL);
-- no work: 1 consumer over the partitioned outbox vs 1 consumer over the single-partition one.
+- no work: 1 consumer over the partitioned outbox vs 1 consumer over the single-partition one;
+- latency: an idle consumer (LISTEN, empty poll, woken by the notification) receiving a row
+  committed by a producer, --samples times, without and with CALL mailbox.run_numberer()
+  running (SPEC §2.2.4 moves numbering out of the poll; this is what that costs an idle
+  consumer). Printed as p50/p95 milliseconds from the producer's commit to the row in hand.
 
 Consumers are threads with a connection each, in psycopg's default mode (poll, work,
 commit_offset, commit). Every drain checks per-key order (each key's rows must arrive in
@@ -44,7 +48,8 @@ def setup(dsn, name, partitions, rows, keys):
             )
         # number the backlog now: the drains below time the consumers only
         db.execute(
-            "SELECT mailbox._sequence_all(o.outbox_key) FROM mailbox._outbox AS o WHERE outbox_name = %s",
+            "SELECT mailbox._sequence_all(o.outbox_key) FROM mailbox._outbox AS o"
+            " WHERE outbox_name = %s",
             [name],
         )
 
@@ -110,6 +115,68 @@ def drain(dsn, outbox, consumers, batch, work_ms, rows):
     return seconds, violations, missing, len(received) - rows
 
 
+def idle_latency(dsn, samples, numberer):
+    """Milliseconds from a producer's commit to an idle consumer holding the row."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("SELECT mailbox.drop_outbox('pb_lat', true)")
+        db.execute("SELECT mailbox.create_outbox('pb_lat')")
+        db.execute("SELECT mailbox.create_consumer_group('pb_lat_g', 'pb_lat', 'latest')")
+    runner = None
+    if numberer:
+        runner = psycopg.connect(dsn, autocommit=True)
+        thread = threading.Thread(
+            target=lambda: _quiet(runner.execute, "CALL mailbox.run_numberer(3600)"), daemon=True
+        )
+        thread.start()
+        with psycopg.connect(dsn, autocommit=True) as db:
+            while not db.execute("SELECT mailbox._numberer_alive()").fetchone()[0]:
+                time.sleep(0.01)
+    out = []
+    try:
+        with (
+            psycopg.connect(dsn, autocommit=True) as consumer,
+            psycopg.connect(dsn, autocommit=True) as producer,
+        ):
+            consumer.execute("LISTEN mailbox_outbox_new")
+            poll = "SELECT outbox_id FROM mailbox.poll_outbox('pb_lat_g', 'c', 10)"
+            ack = "SELECT mailbox.commit_offset('pb_lat_g', 'c', %s)"
+
+            def drained():
+                got = consumer.execute(poll).fetchall()
+                if got:
+                    consumer.execute(ack, [got[-1][0]])
+                return got
+
+            for _ in range(samples):
+                while drained():
+                    pass  # the consumer is now idle and waiting
+                list(consumer.notifies(timeout=0.001))  # drop stale wake-ups
+                time.sleep(0.02)
+                producer.execute("SELECT mailbox.outbox_publish('pb_lat', '{}')")
+                t0 = time.perf_counter()  # autocommit: the statement has committed
+                while True:
+                    for _ in consumer.notifies(timeout=1, stop_after=1):
+                        pass
+                    got = consumer.execute(poll).fetchall()
+                    if got:
+                        break
+                out.append((time.perf_counter() - t0) * 1000)
+                consumer.execute(ack, [got[-1][0]])
+    finally:
+        if runner is not None:
+            runner.cancel()
+            runner.close()
+    out.sort()
+    return out[len(out) // 2], out[int(len(out) * 0.95)]
+
+
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except psycopg.Error:
+        pass
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="database with pg_mailbox (default: throwaway cluster)")
@@ -119,6 +186,7 @@ def main():
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--work-ms", type=float, default=0.2)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=200, help="latency samples per cell")
     args = parser.parse_args()
     cluster = None
     dsn = args.dsn
@@ -177,6 +245,12 @@ def main():
         )
         for p in problems:
             print("PROBLEM:", p)
+        print()
+        print("idle consumer, commit to row in hand (ms):")
+        print(f"{'numbering':<24} {'p50':>6} {'p95':>6}")
+        for label, numberer in (("inline (no numberer)", False), ("run_numberer", True)):
+            p50, p95 = idle_latency(dsn, args.samples, numberer)
+            print(f"{label:<24} {p50:>6.2f} {p95:>6.2f}")
     finally:
         if cluster is not None:
             cluster.destroy()
