@@ -63,7 +63,7 @@ import time
 import psycopg
 
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
-SECTIONS = ("drain", "steady", "latency", "retention", "producer", "soak")
+SECTIONS = ("drain", "steady", "idle", "latency", "retention", "producer", "soak")
 
 
 def progress(text):
@@ -371,7 +371,9 @@ def steady_section(dsn, args, out, soak=False, numberer=False, idle=False, secon
     with connect(dsn) as db:
         reset_outbox(db, "steady", "steady_g")
         if idle:
-            db.execute("SELECT mailbox.create_consumer_group('idle_g', 'steady', 'earliest')")
+            # 'latest' and a big batch: a caught-up relay, whose poll numbers the new rows it
+            # asks for (without a numberer, under the outbox's sequencer lock)
+            db.execute("SELECT mailbox.create_consumer_group('idler_g', 'steady', 'latest')")
     idle_held: list[float] = []
     size_samples: list[tuple[float, int, int]] = []  # (seconds since start, outbox, chunks)
     maintenance_runs: list[float] = []
@@ -502,13 +504,22 @@ def steady_section(dsn, args, out, soak=False, numberer=False, idle=False, secon
         if stop_consuming.wait(max(0.0, start_at + 5 - time.perf_counter())):
             return
         with connect(dsn, autocommit=False) as conn:
+            # catch up first, like a relay that has been running: then its poll asks for rows
+            # that are not numbered yet (without a numberer it numbers them itself)
+            while got := conn.execute(
+                "SELECT max(outbox_id) FROM mailbox.poll_outbox('idler_g', 'idler', 1000, 600)"
+            ).fetchone()[0]:
+                conn.execute("SELECT mailbox.commit_offset('idler_g', 'idler', %s)", [got])
+                conn.commit()
+            conn.commit()
+            time.sleep(0.05)
             got = conn.execute(
-                "SELECT max(outbox_id) FROM mailbox.poll_outbox('idle_g', 'idler', 100, 600)"
+                "SELECT max(outbox_id) FROM mailbox.poll_outbox('idler_g', 'idler', 1000, 600)"
             ).fetchone()[0]
             began = time.perf_counter()
             stop_consuming.wait(args.idle_seconds)  # idle in transaction, holding its rows
             if got is not None:
-                conn.execute("SELECT mailbox.commit_offset('idle_g', 'idler', %s)", [got])
+                conn.execute("SELECT mailbox.commit_offset('idler_g', 'idler', %s)", [got])
             conn.commit()
             idle_held.append(time.perf_counter() - began)
 

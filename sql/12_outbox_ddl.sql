@@ -92,7 +92,8 @@ END
 $$;
 
 CREATE FUNCTION mailbox.create_outbox(
-    p_name text, p_retention_hours int DEFAULT 24, p_inline_threshold_rows int DEFAULT NULL
+    p_name text, p_retention_hours int DEFAULT 24, p_inline_threshold_rows int DEFAULT NULL,
+    p_partitions int DEFAULT 1
 )
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -100,10 +101,12 @@ SECURITY DEFINER -- creates tables in the extension's schema for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
+    PERFORM mailbox._check_partitions(p_partitions);
     PERFORM mailbox._create_outbox_objects(p_name, NULL, p_retention_hours, p_inline_threshold_rows);
+    PERFORM mailbox._set_outbox_partitions(p_name, p_partitions); -- part 26
 END
 $$;
-COMMENT ON FUNCTION mailbox.create_outbox(text, int, int) IS
+COMMENT ON FUNCTION mailbox.create_outbox(text, int, int, int) IS
 'create an outbox fed by mailbox.outbox_publish()';
 
 -- Checks a table to capture (already resolved): 42809 for non-tables, 22023 for ours/temp.
@@ -211,7 +214,8 @@ CREATE FUNCTION mailbox.enable_outbox(
     p_retention_hours int DEFAULT 24,
     p_inline_threshold_rows int DEFAULT NULL,
     p_outbox_name text DEFAULT NULL,
-    p_initial_snapshot boolean DEFAULT FALSE
+    p_initial_snapshot boolean DEFAULT FALSE,
+    p_partitions int DEFAULT 1
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -238,14 +242,16 @@ BEGIN
         RAISE EXCEPTION 'p_initial_snapshot must not be null'
             USING ERRCODE = '22004', HINT = 'Pass true or false.';
     END IF;
+    PERFORM mailbox._check_partitions(p_partitions);
     v_name := mailbox._enable_outbox(v_rel, p_retention_hours, p_inline_threshold_rows, p_outbox_name);
+    PERFORM mailbox._set_outbox_partitions(v_name, p_partitions); -- part 26
     IF p_initial_snapshot THEN
         PERFORM mailbox.outbox_snapshot(v_name);
     END IF;
     RETURN v_name;
 END
 $$;
-COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean) IS
+COMMENT ON FUNCTION mailbox.enable_outbox(text, int, int, text, boolean, int) IS
 'capture every INSERT, UPDATE, DELETE and TRUNCATE of a table into an outbox; returns its name';
 
 -- Detaching an outbox's partitions needs ACCESS EXCLUSIVE on the shared parents. Waiting for it

@@ -58,6 +58,7 @@ DECLARE
     v_last_xid xid8;
     v_n int;
     v_total bigint := 0;
+    v_parts int;
 BEGIN
     SELECT o.head_offset, o.seq_snapshot, o.win_snapshot, o.win_xid, o.win_id
       INTO v_head, v_seq, v_win, v_xid, v_id
@@ -68,6 +69,7 @@ BEGIN
         RETURN 0;
     END IF;
     v_was_open := v_win;
+    v_parts := coalesce((SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = p_key), 1);
     IF pg_catalog.pg_snapshot_xmax(v_seq) = '2'::xid8 THEN
         -- restored from a dump: its transaction ids are another cluster's (part 10)
         v_total := mailbox._rebase_restored_outbox(p_key);
@@ -127,6 +129,10 @@ BEGIN
                     v_ids[v_n] - v_ids[1] = v_n - 1
                     AND v_ids = ARRAY(SELECT x FROM pg_catalog.unnest(v_ids) AS x ORDER BY x),
                     v_ids[1]);
+            IF v_parts > 1 THEN
+                -- a partitioned outbox: each row's partition, from its key (part 26)
+                PERFORM mailbox._partition_chunk(p_key, v_parts, v_head, v_ids);
+            END IF;
             v_head := v_head + v_n;
             v_total := v_total + v_n;
             v_xid := v_last_xid;

@@ -1,9 +1,10 @@
 -- Part 20: consumer groups over an outbox (SPEC §2): catalog and leases.
 --
--- A group reads offsets in order. delivered_offset is how far it has handed rows out; every
--- offset in (group_offset, delivered_offset] is in exactly one lease, a contiguous range held
--- by one consumer until it is acknowledged (the lease row is deleted) or expires (the next
--- poll of any consumer takes it over). So group_offset, the highest offset H with every row
+-- A group reads offsets in order. delivered_offset is how far it has handed rows out (to a
+-- consumer, or to a slot while a numberer runs, part 24); every offset in
+-- (group_offset, delivered_offset] is in exactly one lease, a contiguous range held by one
+-- consumer until it is acknowledged (the lease row is deleted) or expires (the next poll of
+-- any consumer takes it over), or a slot no poll has claimed yet. So group_offset, the highest offset H with every row
 -- <= H acknowledged, is simply the lowest leased offset - 1, or delivered_offset without
 -- leases. Polls and commits write one lease row per batch, never one row per message.
 
@@ -54,18 +55,54 @@ COMMENT ON TABLE mailbox._lost_lease IS
 'pg_mailbox: offset ranges taken over from a consumer, for its lease-lost warning';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._lost_lease', '');
 
+-- A lease row with consumer_id and lease_until NULL is a slot: offsets the background numberer
+-- (part 24) handed to the group, not yet claimed by a poll. Polls claim slots and expired
+-- leases with FOR UPDATE SKIP LOCKED, so a consumer whose poll transaction stays open holds
+-- only the rows it claimed (SPEC §2.2.4; docs/design.md §5).
 CREATE TABLE mailbox._lease (
     group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
     first_offset bigint NOT NULL,
     last_offset bigint NOT NULL,
-    consumer_id text NOT NULL,
-    lease_until timestamptz NOT NULL,
+    consumer_id text,
+    lease_until timestamptz,
     PRIMARY KEY (group_name, first_offset),
-    CHECK (first_offset <= last_offset)
+    CHECK (first_offset <= last_offset),
+    CHECK ((consumer_id IS NULL) = (lease_until IS NULL))
 ) WITH (fillfactor = 70);
 CREATE INDEX _lease_consumer_idx ON mailbox._lease (group_name, consumer_id);
 COMMENT ON TABLE mailbox._lease IS 'pg_mailbox: offset ranges leased to consumers, deleted when acknowledged';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._lease', '');
+
+-- Groups of a partitioned outbox (parts 26, 27) lease partitions, not offset ranges.
+CREATE TABLE mailbox._partition_lease (
+    group_name text NOT NULL REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
+    part int NOT NULL,
+    consumer_id text,
+    lease_until timestamptz,
+    -- every row of the partition at or below acked_offset is acknowledged; rows in
+    -- (acked_offset, delivered_offset] are in flight to consumer_id
+    acked_offset bigint NOT NULL,
+    delivered_offset bigint NOT NULL,
+    PRIMARY KEY (group_name, part),
+    CHECK (acked_offset <= delivered_offset)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE mailbox._partition_lease IS
+'pg_mailbox: which consumer of a group holds each partition, and its offsets';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_lease', '');
+
+-- The group offset as it is now: every offset of a group above it is in a lease row (claimed
+-- or a slot), so it is the lowest leased offset - 1, or delivered_offset without any. The
+-- stored group_offset is this value as of the last commit (no numberer running) or the last
+-- numberer pass: a commit never writes the group row while a numberer runs, since an open
+-- transaction holding it would stop the numberer from handing the group new rows.
+CREATE FUNCTION mailbox._group_offset(p_group text, p_delivered bigint)
+RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                      WHERE l.group_name = p_group), p_delivered);
+$$;
 
 -- A group by name, locked for the caller's change, or 42704.
 CREATE FUNCTION mailbox._lock_group(p_group text)
@@ -218,6 +255,7 @@ BEGIN
     END IF;
     INSERT INTO mailbox._consumer_group (group_name, outbox_key, auto_offset_reset, group_offset, delivered_offset)
     VALUES (p_name, v_key, p_auto_offset_reset, v_start, v_start);
+    PERFORM mailbox._reset_partitions(p_name, v_key, v_start); -- a partitioned outbox (part 26)
 END
 $$;
 COMMENT ON FUNCTION mailbox.create_consumer_group(text, text, text) IS

@@ -53,19 +53,30 @@ BEGIN
     ELSE
         v_keys := ARRAY(SELECT mailbox._consumable_outboxes());
     END IF;
-    -- the head must count every committed row, numbered or not yet
-    PERFORM mailbox._sequence_all(k.outbox_key)
-       FROM pg_catalog.unnest(v_keys) AS k (outbox_key) ORDER BY k.outbox_key;
+    -- the head must count every committed row, numbered or not yet; a running numberer
+    -- (part 24) numbers them within milliseconds, and numbering here would hold the
+    -- outbox's sequencer until the caller's transaction ends
+    IF NOT mailbox._numberer_alive() THEN
+        PERFORM mailbox._sequence_all(k.outbox_key)
+           FROM pg_catalog.unnest(v_keys) AS k (outbox_key) ORDER BY k.outbox_key;
+    END IF;
     RETURN QUERY
-    SELECT g.group_name, c.consumer_id, c.committed_offset, g.group_offset, o.head_offset,
-           o.head_offset - g.group_offset,
+    SELECT g.group_name, c.consumer_id, c.committed_offset, x.group_offset, o.head_offset,
+           o.head_offset - x.group_offset,
            coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1)::bigint FROM mailbox._lease AS l
                       WHERE l.group_name = g.group_name AND l.consumer_id = c.consumer_id
-                        AND l.lease_until > pg_catalog.now()), 0),
+                        AND l.lease_until > pg_catalog.now()), 0)
+           + coalesce((SELECT pg_catalog.sum(p.in_flight)::bigint FROM mailbox.consumer_partition_lag AS p
+                        WHERE p.group_name = g.group_name AND p.consumer_id = c.consumer_id AND p.leased), 0),
            c.last_heartbeat_at,
            EXTRACT(EPOCH FROM pg_catalog.now() - c.last_heartbeat_at)::double precision,
            pg_catalog.now() - c.last_heartbeat_at < v_timeout
       FROM mailbox._consumer_group AS g
+     CROSS JOIN LATERAL (
+           SELECT CASE WHEN mailbox._outbox_partitions(g.outbox_key) > 1
+                       THEN mailbox._partitioned_group_offset(g.group_name, g.outbox_key)
+                       ELSE mailbox._group_offset(g.group_name, g.delivered_offset) END AS group_offset
+     ) AS x
       JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key
       LEFT JOIN mailbox._consumer AS c ON c.group_name = g.group_name
      WHERE g.outbox_key = ANY (v_keys) AND (p_group IS NULL OR g.group_name = p_group)
@@ -76,24 +87,46 @@ COMMENT ON FUNCTION mailbox.consumer_lag(text) IS
 'per consumer (one row with NULL consumer for a group without any): offsets, lag in rows, in-flight rows, health';
 
 CREATE VIEW mailbox.consumer_status AS
-SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset, g.group_offset,
+SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset,
+       CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl WHERE pl.group_name = g.group_name)
+            THEN g.group_offset -- partitioned: as stored by commits and the numberer
+            ELSE coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                            WHERE l.group_name = g.group_name), g.delivered_offset)
+       END AS group_offset,
        coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
                   WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
                     AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
        c.registered_at, c.last_heartbeat_at, c.last_commit_at,
-       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy
+       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy,
+       -- the partitions it holds (partitioned outboxes, part 26)
+       coalesce((SELECT pg_catalog.array_agg(pl.part ORDER BY pl.part) FROM mailbox._partition_lease AS pl
+                  WHERE pl.group_name = c.group_name AND pl.consumer_id = c.consumer_id
+                    AND pl.lease_until > pg_catalog.now()), '{}') AS partitions
   FROM mailbox._consumer AS c
   JOIN mailbox._consumer_group AS g ON g.group_name = c.group_name
   JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
 COMMENT ON VIEW mailbox.consumer_status IS 'every consumer with its offsets, in-flight rows and health';
 
 CREATE VIEW mailbox.consumer_group_lag AS
-SELECT g.group_name, o.outbox_name, g.auto_offset_reset, g.group_offset, g.delivered_offset, o.head_offset,
-       o.head_offset - g.group_offset AS lag,
+WITH live AS (
+    -- the group offset as mailbox._group_offset() computes it (which a view's caller may not
+    -- execute); a partitioned group's as stored by its commits and the numberer
+    SELECT g.group_name,
+           CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl WHERE pl.group_name = g.group_name)
+                THEN g.group_offset
+                ELSE coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
+                                WHERE l.group_name = g.group_name), g.delivered_offset)
+           END AS group_offset
+      FROM mailbox._consumer_group AS g
+)
+
+SELECT g.group_name, o.outbox_name, g.auto_offset_reset, x.group_offset, g.delivered_offset, o.head_offset,
+       o.head_offset - x.group_offset AS lag,
        (SELECT pg_catalog.count(*) FROM mailbox._consumer AS c WHERE c.group_name = g.group_name) AS consumers,
        coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
                   WHERE l.group_name = g.group_name AND l.lease_until > pg_catalog.now()), 0) AS in_flight
   FROM mailbox._consumer_group AS g
+  JOIN live AS x ON x.group_name = g.group_name
   JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
 COMMENT ON VIEW mailbox.consumer_group_lag IS
 'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';

@@ -6,8 +6,10 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA mailbox FROM PUBLIC;
 
 -- mailbox_admin: lifecycle, status and maintenance (it is also a producer and a consumer)
 GRANT EXECUTE ON FUNCTION
-    mailbox.create_outbox(text, int, int),
-    mailbox.enable_outbox(text, int, int, text, boolean),
+    mailbox.create_outbox(text, int, int, int),
+    mailbox.enable_outbox(text, int, int, text, boolean, int),
+    mailbox._check_partitions(int),
+    mailbox._set_outbox_partitions(text, int),
     mailbox._enable_outbox(oid, int, int, text),
     mailbox.disable_outbox(text, boolean),
     mailbox.drop_outbox(text, boolean),

@@ -53,10 +53,11 @@ def test_poll_returns_rows_in_offset_order_with_every_column(outbox):
         "is_claim_check",
         "full_refresh",
         "payload",
+        "partition",  # SPEC §2.3: last; 0 for an outbox of one partition
     ]
     (row,) = cur.fetchall()
     assert row[0] == 1 and row[1] == eid and row[4:7] == ("typ", "key1", {"h": 2})
-    assert row[-1] == {"k": 1}
+    assert row[-2:] == ({"k": 1}, 0)
 
 
 def test_a_leased_row_goes_to_one_consumer_at_a_time(outbox, connect):
