@@ -55,7 +55,8 @@ LANGUAGE sql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
-                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query']) AS kind);
+                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
+                                                      'processed_batch']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -307,5 +308,8 @@ BEGIN
     v_result pg_catalog.jsonb;$d$, $b$
     EXECUTE $2 INTO v_result USING $1, $3, $4;
     RETURN v_result;$b$);
+
+    -- the batch forms' receive_batch and processed_batch (part 36)
+    PERFORM mailbox._inbox_generate_batch(p_inbox);
 END
 $$;
