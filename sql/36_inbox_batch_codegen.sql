@@ -11,8 +11,7 @@
 -- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
 -- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
 
--- The inbox_receive parameters in their order, as inbox_receive_batch's keys and as the
--- columns of the batch after unnest; the generated batch function takes one array per role.
+-- The inbox_receive parameters in their order; inbox_receive_batch's keys are these with p_.
 CREATE FUNCTION mailbox._inbox_receive_roles()
 RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
@@ -20,6 +19,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num', 'headers',
                  'trace_id', 'priority'];
+$$;
+
+-- The column definition list that reads a batch with jsonb_to_recordset: each
+-- inbox_receive parameter with its type (a json null or an absent key is SQL NULL).
+CREATE FUNCTION mailbox._inbox_batch_columns()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text,'
+           ' p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8,'
+           ' p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4';
 $$;
 
 -- (Re)generates an inbox's two batch functions from its catalog row (called by
@@ -33,38 +44,44 @@ DECLARE
     c jsonb := p_inbox.columns;
     v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
     v_roles text[] := mailbox._inbox_receive_roles();
-    v_checks text := '';
+    v_tests text[] := ARRAY[]::text[];
+    v_raise text := '';
     v_cols text[] := ARRAY[]::text[];
     v_vals text[] := ARRAY[]::text[];
-    v_id text := 'm.event_id';
+    v_id text := 'm.p_event_id';
     v_priority_type text;
+    v_checks text := '';
 BEGIN
     IF p_inbox.casts ? 'event_id' THEN
-        v_id := pg_catalog.format('CAST(m.event_id AS %s)', p_inbox.casts ->> 'event_id');
+        v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
     END IF;
-    -- the checks of the generated receive (part 35), over the whole batch, before any insert
+    -- the checks of the generated receive (part 35) over the whole batch, in one pass and
+    -- before any insert: v_tests[i] is true when some message breaks check i
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        v_checks := $c$
-    IF EXISTS (SELECT 1 FROM ROWS FROM (pg_catalog.unnest($6), pg_catalog.unnest($7)) AS x (a, s) WHERE x.a IS NULL OR x.s IS NULL) THEN
-        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+        v_tests := v_tests || 'pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL)'::text;
+        v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
+        RAISE EXCEPTION 'inbox %% is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
             USING ERRCODE = '22004',
                   HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
-    END IF;$c$;
+    END IF;$c$, pg_catalog.cardinality(v_tests));
     END IF;
     FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
         IF c ? v_roles[i] THEN
             v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
             v_vals := v_vals || CASE WHEN p_inbox.casts ? v_roles[i]
-                                     THEN pg_catalog.format('CAST(m.%I AS %s)', v_roles[i], p_inbox.casts ->> v_roles[i])
-                                     ELSE 'm.' || v_roles[i] END;
+                                     THEN pg_catalog.format('CAST(m.%I AS %s)', 'p_' || v_roles[i],
+                                                            p_inbox.casts ->> v_roles[i])
+                                     ELSE 'm.p_' || v_roles[i] END;
         ELSE
             -- v_roles[i] is one of the fixed role names above, never caller text
-            v_checks := v_checks || pg_catalog.format($c$
-    IF EXISTS (SELECT 1 FROM pg_catalog.unnest($%s) AS x (v) WHERE x.v IS NOT NULL) THEN
+            v_tests := v_tests || pg_catalog.format('pg_catalog.bool_or(m.p_%s IS NOT NULL)', v_roles[i]);
+            v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
         RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
             USING ERRCODE = '22023',
                   HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
-    END IF;$c$, i + 1, v_roles[i]);
+    END IF;$c$, pg_catalog.cardinality(v_tests), v_roles[i]);
         END IF;
     END LOOP;
     SELECT b.typname INTO v_priority_type
@@ -73,29 +90,34 @@ BEGIN
       JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
      WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
     IF v_priority_type = 'int2' THEN
-        v_checks := v_checks || $c$
-    IF EXISTS (SELECT 1 FROM pg_catalog.unnest($10) AS x (p) WHERE x.p NOT BETWEEN -32768 AND 32767) THEN
-        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name,
-            (SELECT x.p FROM pg_catalog.unnest($10) AS x (p) WHERE x.p NOT BETWEEN -32768 AND 32767 LIMIT 1)
+        v_tests := v_tests || 'pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767)'::text;
+        v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %%: %%', ($1).inbox_name,
+            (SELECT m.p_priority FROM pg_catalog.jsonb_to_recordset($2) AS m (p_priority pg_catalog.int4)
+              WHERE m.p_priority NOT BETWEEN -32768 AND 32767 LIMIT 1)
             USING ERRCODE = '22023',
                   HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
-    END IF;$c$;
+    END IF;$c$, pg_catalog.cardinality(v_tests));
+    END IF;
+    IF pg_catalog.cardinality(v_tests) > 0 THEN
+        v_checks := pg_catalog.format($c$
+    SELECT ARRAY[%s] INTO v_bad FROM pg_catalog.jsonb_to_recordset($2) AS m (%s);%s$c$,
+            pg_catalog.array_to_string(v_tests, ', '), mailbox._inbox_batch_columns(), v_raise);
     END IF;
     v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
     v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
-    -- receive_batch(row, one array per role): true for each message stored, in input order;
-    -- of ids repeated in the batch only the first is stored (later ones are duplicates)
-    PERFORM mailbox._inbox_define(p_inbox, 'receive_batch',
-        'text[], jsonb[], text[], text[], text[], bigint[], jsonb[], text[], int[]', 'boolean[]', $d$
+    -- receive_batch(row, messages): the messages (a json array of objects keyed by the
+    -- inbox_receive parameter names, checked by inbox_receive_batch) parsed in one pass; true
+    -- for each message stored, in input order; of ids repeated in the batch only the first
+    -- is stored (later ones are duplicates)
+    PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
+    v_bad pg_catalog.bool[];
     v_result pg_catalog.bool[];$d$,
         pg_catalog.format($b$%1$s
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
-              FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4),
-                              pg_catalog.unnest($5), pg_catalog.unnest($6), pg_catalog.unnest($7),
-                              pg_catalog.unnest($8), pg_catalog.unnest($9), pg_catalog.unnest($10)) WITH ORDINALITY
-                   AS m (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id,
-                         priority, n)
+              FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (%7$s)) WITH ORDINALITY AS m (%8$s, n)
         ), ins AS (
             INSERT INTO %2$s AS t (%3$s)
             SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
@@ -107,7 +129,8 @@ BEGIN
           FROM m LEFT JOIN ins ON ins.id = %5$s;
     RETURN v_result;$b$,
         v_checks, v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
-        v_id, c ->> 'event_id'));
+        v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
+        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r)));
 
     -- processed_batch(row, ids): marks those unprocessed; what it marked (id, and for
     -- ordering its aggregate and sequence), for inbox_mark_processed to settle leases

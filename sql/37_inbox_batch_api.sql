@@ -38,6 +38,7 @@ DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'receive');
     v_bad record;
     v_new boolean[];
+    v_keys text[] := ARRAY(SELECT 'p_' || r FROM pg_catalog.unnest(mailbox._inbox_receive_roles()) AS r);
 BEGIN
     PERFORM mailbox._require(p_messages, 'p_messages');
     IF pg_catalog.jsonb_typeof(p_messages) <> 'array' THEN
@@ -47,23 +48,21 @@ BEGIN
                          'keyed by the inbox_receive parameter names.';
     END IF;
     -- every element an object whose keys are inbox_receive parameters, every id present and
-    -- at most 1000 bytes (the errors of inbox_receive, naming the element)
-    SELECT e.n, e.m, k.key INTO v_bad
+    -- at most 1000 bytes (the errors of inbox_receive, naming the element); one pass
+    SELECT e.n, e.m INTO v_bad
       FROM pg_catalog.jsonb_array_elements(p_messages) WITH ORDINALITY AS e (m, n)
-      LEFT JOIN LATERAL (SELECT o.key FROM pg_catalog.jsonb_object_keys(
-                             CASE WHEN pg_catalog.jsonb_typeof(e.m) = 'object' THEN e.m ELSE '{}' END) AS o (key)
-                          WHERE substr(o.key, 3) <> ALL (mailbox._inbox_receive_roles()) OR left(o.key, 2) <> 'p_'
-                          LIMIT 1) AS k ON TRUE
-     WHERE pg_catalog.jsonb_typeof(e.m) <> 'object' OR k.key IS NOT NULL
-        OR e.m ->> 'p_event_id' IS NULL OR pg_catalog.octet_length(e.m ->> 'p_event_id') > 1000
+     WHERE CASE WHEN pg_catalog.jsonb_typeof(e.m) <> 'object' THEN TRUE
+                ELSE e.m - v_keys <> '{}' OR e.m ->> 'p_event_id' IS NULL
+                     OR pg_catalog.octet_length(e.m ->> 'p_event_id') > 1000 END
      ORDER BY e.n LIMIT 1;
     IF FOUND THEN
         IF pg_catalog.jsonb_typeof(v_bad.m) <> 'object' THEN
             RAISE EXCEPTION 'message % of the batch is not a json object', v_bad.n
                 USING ERRCODE = '22023',
                       HINT = 'Each message is an object keyed by the inbox_receive parameter names (p_event_id, ...).';
-        ELSIF v_bad.key IS NOT NULL THEN
-            RAISE EXCEPTION 'unknown key in message % of the batch: %', v_bad.n, v_bad.key
+        ELSIF v_bad.m - v_keys <> '{}' THEN
+            RAISE EXCEPTION 'unknown key in message % of the batch: %', v_bad.n,
+                (SELECT k.key FROM pg_catalog.jsonb_object_keys(v_bad.m - v_keys) AS k (key) ORDER BY 1 LIMIT 1)
                 USING ERRCODE = '22023',
                       HINT = 'Keys are the inbox_receive parameter names: p_event_id, p_payload, p_event_type, '
                              'p_source, p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority.';
@@ -79,32 +78,17 @@ BEGIN
     IF pg_catalog.jsonb_array_length(p_messages) = 0 THEN
         RETURN;
     END IF;
-    -- one array per parameter, in order; a json null is SQL NULL (as if the key were absent);
-    -- the generated function checks ordering, unmapped roles and the priority's range, and
-    -- inserts with the table owner's rights
-    EXECUTE pg_catalog.format(
-        'SELECT mailbox.%I($1, a.i, a.p, a.t, a.s, a.g, a.q, a.h, a.r, a.o) FROM ('
-        ' SELECT pg_catalog.array_agg(e.m ->> ''p_event_id'' ORDER BY e.n) AS i,'
-        ' pg_catalog.array_agg(CASE WHEN pg_catalog.jsonb_typeof(e.m -> ''p_payload'') <> ''null'''
-        ' THEN e.m -> ''p_payload'' END ORDER BY e.n) AS p,'
-        ' pg_catalog.array_agg(e.m ->> ''p_event_type'' ORDER BY e.n) AS t,'
-        ' pg_catalog.array_agg(e.m ->> ''p_source'' ORDER BY e.n) AS s,'
-        ' pg_catalog.array_agg(e.m ->> ''p_aggregate_id'' ORDER BY e.n) AS g,'
-        ' pg_catalog.array_agg(CAST(e.m ->> ''p_sequence_num'' AS pg_catalog.int8) ORDER BY e.n) AS q,'
-        ' pg_catalog.array_agg(CASE WHEN pg_catalog.jsonb_typeof(e.m -> ''p_headers'') <> ''null'''
-        ' THEN e.m -> ''p_headers'' END ORDER BY e.n) AS h,'
-        ' pg_catalog.array_agg(e.m ->> ''p_trace_id'' ORDER BY e.n) AS r,'
-        ' pg_catalog.array_agg(CAST(e.m ->> ''p_priority'' AS pg_catalog.int4) ORDER BY e.n) AS o'
-        ' FROM pg_catalog.jsonb_array_elements($2) WITH ORDINALITY AS e (m, n)) AS a',
-        '_inbox_' || v_inbox.inbox_key || '_receive_batch')
+    -- the generated function parses the batch, checks ordering, unmapped roles and the
+    -- priority's range, and inserts with the table owner's rights
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_receive_batch')
         INTO v_new
         USING v_inbox, p_messages;
     IF TRUE = ANY (v_new) THEN
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
     RETURN QUERY
-    SELECT e.m ->> 'p_event_id', v_new[e.n::int]
-      FROM pg_catalog.jsonb_array_elements(p_messages) WITH ORDINALITY AS e (m, n)
+    SELECT e.p_event_id, v_new[e.n::int]
+      FROM ROWS FROM (pg_catalog.jsonb_to_recordset(p_messages) AS (p_event_id text)) WITH ORDINALITY AS e (p_event_id, n)
      ORDER BY e.n;
 END
 $$;
