@@ -172,8 +172,8 @@ def bench_receive(dsn, n, repeat):
         check("public.plain_inbox")
         return n / took
 
-    # the batch form takes the messages as json (the relay's shape); the baseline the same
-    # rows as arrays, through the documented plain-SQL writer
+    # the batch form takes the messages as json (the relay's shape); the baseline ships the
+    # same values as arrays, through the documented plain-SQL writer
     payloads = [
         [{"p_event_id": i, "p_payload": {"n": 1}, "p_event_type": "bench"} for i in b]
         for b in batches
@@ -198,9 +198,10 @@ def bench_receive(dsn, n, repeat):
             lambda: [
                 db.execute(
                     "INSERT INTO public.plain_inbox (event_id, payload, event_type)"
-                    " SELECT DISTINCT ON (x) x, '{\"n\": 1}', 'bench' FROM unnest(%s::text[]) x"
+                    " SELECT DISTINCT ON (x.i) x.i, x.p, x.t"
+                    " FROM unnest(%s::text[], %s::jsonb[], %s::text[]) AS x (i, p, t)"
                     " ON CONFLICT (event_id) DO NOTHING",
-                    [b],
+                    [b, [Jsonb({"n": 1})] * len(b), ["bench"] * len(b)],
                 )
                 for b in batches
             ]

@@ -50,13 +50,19 @@ DECLARE
     v_vals text[] := ARRAY[]::text[];
     v_id text := 'm.p_event_id';
     v_priority_type text;
-    v_checks text := '';
 BEGIN
     IF p_inbox.casts ? 'event_id' THEN
         v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
     END IF;
-    -- the checks of the generated receive (part 35) over the whole batch, in one pass and
-    -- before any insert: v_tests[i] is true when some message breaks check i
+    SELECT b.typname INTO v_priority_type
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
+    -- the checks of the generated receive (part 35) over the whole batch, computed by the
+    -- statement that inserts it (v_tests[i] is true when some message breaks check i): a
+    -- failed check raises, which undoes the insert, so the batch is parsed only once. A
+    -- priority out of range is inserted as NULL first, so the check raises, not the cast.
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
         v_tests := v_tests || 'pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL)'::text;
         v_raise := v_raise || pg_catalog.format($c$
@@ -72,6 +78,8 @@ BEGIN
             v_vals := v_vals || CASE WHEN p_inbox.casts ? v_roles[i]
                                      THEN pg_catalog.format('CAST(m.%I AS %s)', 'p_' || v_roles[i],
                                                             p_inbox.casts ->> v_roles[i])
+                                     WHEN v_roles[i] = 'priority' AND v_priority_type = 'int2'
+                                     THEN 'CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END'
                                      ELSE 'm.p_' || v_roles[i] END;
         ELSE
             -- v_roles[i] is one of the fixed role names above, never caller text
@@ -84,11 +92,6 @@ BEGIN
     END IF;$c$, pg_catalog.cardinality(v_tests), v_roles[i]);
         END IF;
     END LOOP;
-    SELECT b.typname INTO v_priority_type
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
     IF v_priority_type = 'int2' THEN
         v_tests := v_tests || 'pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767)'::text;
         v_raise := v_raise || pg_catalog.format($c$
@@ -100,11 +103,7 @@ BEGIN
                   HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
     END IF;$c$, pg_catalog.cardinality(v_tests));
     END IF;
-    IF pg_catalog.cardinality(v_tests) > 0 THEN
-        v_checks := pg_catalog.format($c$
-    SELECT ARRAY[%s] INTO v_bad FROM pg_catalog.jsonb_to_recordset($2) AS m (%s);%s$c$,
-            pg_catalog.array_to_string(v_tests, ', '), mailbox._inbox_batch_columns(), v_raise);
-    END IF;
+    v_tests := v_tests || 'FALSE'::text;
     v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
     v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
     -- receive_batch(row, messages): the messages (a json array of objects keyed by the
@@ -114,7 +113,7 @@ BEGIN
     PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
     v_bad pg_catalog.bool[];
     v_result pg_catalog.bool[];$d$,
-        pg_catalog.format($b$%1$s
+        pg_catalog.format($b$
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
               FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (%7$s)) WITH ORDINALITY AS m (%8$s, n)
@@ -124,13 +123,14 @@ BEGIN
                 ON CONFLICT (%6$I) DO NOTHING
             RETURNING t.%6$I AS id
         )
-        SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n)
-          INTO v_result
-          FROM m LEFT JOIN ins ON ins.id = %5$s;
+        SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
+               ARRAY[%1$s]
+          INTO v_result, v_bad
+          FROM m LEFT JOIN ins ON ins.id = %5$s;%9$s
     RETURN v_result;$b$,
-        v_checks, v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
+        pg_catalog.array_to_string(v_tests, ', '), v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
         v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
-        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r)));
+        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise));
 
     -- processed_batch(row, ids): marks those unprocessed; what it marked (id, and for
     -- ordering its aggregate and sequence), for inbox_mark_processed to settle leases

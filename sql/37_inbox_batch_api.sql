@@ -37,6 +37,8 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'receive');
     v_bad record;
+    v_ids text[];
+    v_first_bad bigint;
     v_new boolean[];
     v_keys text[] := ARRAY(SELECT 'p_' || r FROM pg_catalog.unnest(mailbox._inbox_receive_roles()) AS r);
 BEGIN
@@ -48,14 +50,16 @@ BEGIN
                          'keyed by the inbox_receive parameter names.';
     END IF;
     -- every element an object whose keys are inbox_receive parameters, every id present and
-    -- at most 1000 bytes (the errors of inbox_receive, naming the element); one pass
-    SELECT e.n, e.m INTO v_bad
-      FROM pg_catalog.jsonb_array_elements(p_messages) WITH ORDINALITY AS e (m, n)
-     WHERE CASE WHEN pg_catalog.jsonb_typeof(e.m) <> 'object' THEN TRUE
-                ELSE e.m - v_keys <> '{}' OR e.m ->> 'p_event_id' IS NULL
-                     OR pg_catalog.octet_length(e.m ->> 'p_event_id') > 1000 END
-     ORDER BY e.n LIMIT 1;
-    IF FOUND THEN
+    -- at most 1000 bytes (the errors of inbox_receive, naming the first bad element); the
+    -- same pass collects the ids, which the result reports as given
+    SELECT pg_catalog.array_agg(e.m ->> 'p_event_id' ORDER BY e.n),
+           pg_catalog.min(e.n) FILTER (WHERE CASE WHEN pg_catalog.jsonb_typeof(e.m) <> 'object' THEN TRUE
+                                                  ELSE e.m - v_keys <> '{}' OR e.m ->> 'p_event_id' IS NULL
+                                                       OR pg_catalog.octet_length(e.m ->> 'p_event_id') > 1000 END)
+      INTO v_ids, v_first_bad
+      FROM pg_catalog.jsonb_array_elements(p_messages) WITH ORDINALITY AS e (m, n);
+    IF v_first_bad IS NOT NULL THEN
+        SELECT v_first_bad AS n, p_messages -> (v_first_bad - 1)::int AS m INTO v_bad;
         IF pg_catalog.jsonb_typeof(v_bad.m) <> 'object' THEN
             RAISE EXCEPTION 'message % of the batch is not a json object', v_bad.n
                 USING ERRCODE = '22023',
@@ -87,8 +91,8 @@ BEGIN
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
     RETURN QUERY
-    SELECT e.p_event_id, v_new[e.n::int]
-      FROM ROWS FROM (pg_catalog.jsonb_to_recordset(p_messages) AS (p_event_id text)) WITH ORDINALITY AS e (p_event_id, n)
+    SELECT e.id, e.new
+      FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_new)) WITH ORDINALITY AS e (id, new, n)
      ORDER BY e.n;
 END
 $$;
