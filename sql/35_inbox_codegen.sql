@@ -149,8 +149,7 @@ DECLARE
     v_id_param text := mailbox._inbox_param(p_inbox, 'event_id', 2);
     v_lease text := pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
     -- receive's arguments after the catalog row, in order: role i is $(i + 1)
-    v_roles text[] := ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num',
-                            'headers', 'trace_id', 'priority'];
+    v_roles text[] := mailbox._inbox_receive_roles(); -- part 36
     v_checks text := '';
     v_cols text[] := ARRAY[]::text[];
     v_vals text[] := ARRAY[]::text[];

@@ -11,7 +11,8 @@
 -- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
 -- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
 
--- The inbox_receive parameters in their order; inbox_receive_batch's keys are these with p_.
+-- The roles inbox_receive takes, in its parameter order (the generated receive's $2 ...
+-- $10); inbox_receive_batch's keys are these with p_. One list for both forms.
 CREATE FUNCTION mailbox._inbox_receive_roles()
 RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
