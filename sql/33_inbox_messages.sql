@@ -238,9 +238,6 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_delay int := p_retry_after_seconds;
-    v_id text;
-    v_retries int;
-    v_state text;
 BEGIN
     SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
@@ -271,54 +268,7 @@ BEGIN
         RAISE EXCEPTION 'invalid retry delay: % seconds', v_delay
             USING ERRCODE = '22023', HINT = 'p_retry_after_seconds is NULL (mailbox.inbox_retry_delay_seconds) or 0 or more.';
     END IF;
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3)', '_inbox_' || v_inbox.inbox_key || '_failed')
-        INTO v_id, v_retries, v_state
-        USING v_inbox, p_event_id, p_error;
-    IF v_id IS NULL THEN
-        IF v_state = 'missing' THEN
-            RAISE EXCEPTION 'inbox message not found: %', p_event_id
-                USING ERRCODE = '42704', DETAIL = pg_catalog.format('Inbox %s has no message with this id.',
-                                                                    v_inbox.inbox_name);
-        ELSIF v_state = 'processed' THEN
-            RAISE EXCEPTION 'inbox message already processed: %', p_event_id
-                USING ERRCODE = '55000',
-                      HINT = 'Replay it with mailbox.replay_inbox_messages() to process it again.';
-        END IF;
-        RETURN 'dead_letter'; -- already in the DLQ: nothing changes
-    END IF;
-    IF v_retries >= v_inbox.max_retries THEN
-        -- a dead letter is not claimable; another backend's live lease still says it is in
-        -- flight (see below) and expires by itself
-        DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id
-           AND (l.lease_until IS NULL OR l.lease_until <= pg_catalog.clock_timestamp()
-                OR l.leased_by_pid IS NOT DISTINCT FROM pg_catalog.pg_backend_pid());
-        INSERT INTO mailbox._inbox_dlq_event (inbox_key, event_id, error, retry_count)
-        VALUES (v_inbox.inbox_key, v_id, p_error, v_retries);
-        RETURN 'dead_letter';
-    END IF;
-    -- a live lease taken by another backend is not the caller's to end: this is a late
-    -- report of a worker whose lease expired (the message was reclaimed). The failure counts,
-    -- the holder keeps its lease, and the retry comes due no earlier than that lease ends.
-    UPDATE mailbox._inbox_lease AS l
-       SET next_attempt_at = GREATEST(l.lease_until,
-                                      pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v_delay))
-     WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id AND l.lease_until > pg_catalog.clock_timestamp()
-       AND l.leased_by_pid IS DISTINCT FROM pg_catalog.pg_backend_pid();
-    IF FOUND THEN
-        RETURN 'retry';
-    END IF;
-    IF v_delay > 0 THEN
-        INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
-        VALUES (v_inbox.inbox_key, v_id, NULL, NULL,
-                pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v_delay))
-            ON CONFLICT (inbox_key, event_id) DO UPDATE
-           SET lease_until = NULL, leased_by = NULL, next_attempt_at = excluded.next_attempt_at,
-               leased_by_pid = NULL;
-    ELSE
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
-    END IF;
-    RETURN 'retry';
+    RETURN mailbox._inbox_fail_one(v_inbox, p_event_id, p_error, v_delay);
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS

@@ -55,7 +55,8 @@ LANGUAGE sql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
-                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query']) AS kind);
+                   FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
+                                                      'processed_batch']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -148,8 +149,7 @@ DECLARE
     v_id_param text := mailbox._inbox_param(p_inbox, 'event_id', 2);
     v_lease text := pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
     -- receive's arguments after the catalog row, in order: role i is $(i + 1)
-    v_roles text[] := ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num',
-                            'headers', 'trace_id', 'priority'];
+    v_roles text[] := mailbox._inbox_receive_roles(); -- part 36
     v_checks text := '';
     v_cols text[] := ARRAY[]::text[];
     v_vals text[] := ARRAY[]::text[];
@@ -307,5 +307,8 @@ BEGIN
     v_result pg_catalog.jsonb;$d$, $b$
     EXECUTE $2 INTO v_result USING $1, $3, $4;
     RETURN v_result;$b$);
+
+    -- the batch forms' receive_batch and processed_batch (part 36)
+    PERFORM mailbox._inbox_generate_batch(p_inbox);
 END
 $$;

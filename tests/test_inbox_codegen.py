@@ -24,7 +24,16 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
     k = key(db, "gen")
     got = rows(db, GENERATED, [str(k)])
     assert [r[0] for r in got] == [
-        f"_inbox_{k}_{kind}" for kind in ("claim", "failed", "processed", "query", "receive")
+        f"_inbox_{k}_{kind}"
+        for kind in (
+            "claim",
+            "failed",
+            "processed",
+            "processed_batch",
+            "query",
+            "receive",
+            "receive_batch",
+        )
     ]
     # a managed table's owner is the extension owner
     extension_owner = scalar(
@@ -51,7 +60,7 @@ def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_th
     )
     k = key(db, "legacy")
     got = rows(db, GENERATED, [str(k)])
-    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 5
+    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 7
     # so are its views; the per-inbox state views stay the extension's, readable by the owner
     assert {
         r[0] for r in rows(db, "SELECT viewowner FROM pg_views WHERE viewname LIKE '%%legacy'")

@@ -221,6 +221,17 @@ def run_scenario(db, connect, tenants, hook, role):
     call("consumer", "SELECT * FROM mailbox.inbox_claim('h', 'w1')")
     call("consumer", "SELECT mailbox.inbox_mark_processed('h', 'e1')")
     call("consumer", "SELECT mailbox.inbox_mark_failed('h', 'e3', 'boom', 0)")
+    # the batch forms and their generated functions (issue 11)
+    call(
+        "producer",
+        "SELECT * FROM mailbox.inbox_receive_batch('h', %s)",
+        [
+            '[{"p_event_id": "e6", "p_aggregate_id": "A", "p_sequence_num": 3},'
+            ' {"p_event_id": "e7", "p_aggregate_id": "B", "p_sequence_num": 2}]'
+        ],
+    )
+    call("consumer", "SELECT mailbox.inbox_mark_processed('h', ARRAY['e2'])")
+    call("consumer", "SELECT * FROM mailbox.inbox_mark_failed('h', ARRAY['e7'], 'boom', 0)")
     call("admin", "SELECT * FROM mailbox.inbox_ordering_gaps('h')")
     call("admin", "SELECT mailbox.inbox_health('h')")
     call("admin", "SELECT * FROM mailbox.inbox_status('h')")

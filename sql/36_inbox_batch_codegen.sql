@@ -1,0 +1,156 @@
+-- Part 36: the batch forms of receive and mark (issue 11): many messages per call, in the
+-- caller's transaction, with the semantics and errors of the per-message forms (part 33).
+--
+-- A per-message call pays its fixed costs (catalog lookup, grant probe, table-name check,
+-- dispatch to the generated function, a statement per side table) once per message; a batch
+-- pays them once per call and touches the inbox table with one set-based statement. The
+-- per-inbox generated functions _inbox_<key>_receive_batch and _processed_batch (made here,
+-- by mailbox._inbox_define like the others of part 35, owned by the table's owner and
+-- refusing to run as anyone else) alone touch the inbox table; leases, ordering state and
+-- notifications are written here from what they return (data: bind parameters only, for
+-- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
+-- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
+
+-- The roles inbox_receive takes, in its parameter order (the generated receive's $2 ...
+-- $10); inbox_receive_batch's keys are these with p_. One list for both forms.
+CREATE FUNCTION mailbox._inbox_receive_roles()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num', 'headers',
+                 'trace_id', 'priority'];
+$$;
+
+-- The column definition list that reads a batch with jsonb_to_recordset: each
+-- inbox_receive parameter with its type (a json null or an absent key is SQL NULL).
+CREATE FUNCTION mailbox._inbox_batch_columns()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text,'
+           ' p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8,'
+           ' p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4';
+$$;
+
+-- (Re)generates an inbox's two batch functions from its catalog row (called by
+-- _inbox_generate, part 35).
+CREATE FUNCTION mailbox._inbox_generate_batch(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_roles text[] := mailbox._inbox_receive_roles();
+    v_tests text[] := ARRAY[]::text[];
+    v_raise text := '';
+    v_cols text[] := ARRAY[]::text[];
+    v_vals text[] := ARRAY[]::text[];
+    v_id text := 'm.p_event_id';
+    v_priority_type text;
+BEGIN
+    IF p_inbox.casts ? 'event_id' THEN
+        v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
+    END IF;
+    SELECT b.typname INTO v_priority_type
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
+    -- the checks of the generated receive (part 35) over the whole batch, computed by the
+    -- statement that inserts it (v_tests[i] is true when some message breaks check i): a
+    -- failed check raises, which undoes the insert, so the batch is parsed only once. A
+    -- priority out of range is inserted as NULL first, so the check raises, not the cast.
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_tests := v_tests || 'pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL)'::text;
+        v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
+        RAISE EXCEPTION 'inbox %% is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+            USING ERRCODE = '22004',
+                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
+    END IF;$c$, pg_catalog.cardinality(v_tests));
+    END IF;
+    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
+        IF c ? v_roles[i] THEN
+            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
+            v_vals := v_vals || CASE WHEN p_inbox.casts ? v_roles[i]
+                                     THEN pg_catalog.format('CAST(m.%I AS %s)', 'p_' || v_roles[i],
+                                                            p_inbox.casts ->> v_roles[i])
+                                     WHEN v_roles[i] = 'priority' AND v_priority_type = 'int2'
+                                     THEN 'CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END'
+                                     ELSE 'm.p_' || v_roles[i] END;
+        ELSE
+            -- v_roles[i] is one of the fixed role names above, never caller text
+            v_tests := v_tests || pg_catalog.format('pg_catalog.bool_or(m.p_%s IS NOT NULL)', v_roles[i]);
+            v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
+        RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
+            USING ERRCODE = '22023',
+                  HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
+    END IF;$c$, pg_catalog.cardinality(v_tests), v_roles[i]);
+        END IF;
+    END LOOP;
+    IF v_priority_type = 'int2' THEN
+        v_tests := v_tests || 'pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767)'::text;
+        v_raise := v_raise || pg_catalog.format($c$
+    IF v_bad[%s] THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %%: %%', ($1).inbox_name,
+            (SELECT m.p_priority FROM pg_catalog.jsonb_to_recordset($2) AS m (p_priority pg_catalog.int4)
+              WHERE m.p_priority NOT BETWEEN -32768 AND 32767 LIMIT 1)
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;$c$, pg_catalog.cardinality(v_tests));
+    END IF;
+    v_tests := v_tests || 'FALSE'::text;
+    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
+    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
+    -- receive_batch(row, messages): the messages (a json array of objects keyed by the
+    -- inbox_receive parameter names, checked by inbox_receive_batch) parsed in one pass; true
+    -- for each message stored, in input order; of ids repeated in the batch only the first
+    -- is stored (later ones are duplicates)
+    PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
+    v_bad pg_catalog.bool[];
+    v_result pg_catalog.bool[];$d$,
+        pg_catalog.format($b$
+        WITH m AS (
+            SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
+              FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (%7$s)) WITH ORDINALITY AS m (%8$s, n)
+        ), ins AS (
+            INSERT INTO %2$s AS t (%3$s)
+            SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+                ON CONFLICT (%6$I) DO NOTHING
+            RETURNING t.%6$I AS id
+        )
+        SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
+               ARRAY[%1$s]
+          INTO v_result, v_bad
+          FROM m LEFT JOIN ins ON ins.id = %5$s;%9$s
+    RETURN v_result;$b$,
+        pg_catalog.array_to_string(v_tests, ', '), v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
+        v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
+        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise));
+
+    -- processed_batch(row, ids): marks those unprocessed (a join with the ids, so the plan
+    -- is one primary-key probe per id whatever the batch size); what it marked (id, and for
+    -- ordering its aggregate and sequence), for inbox_mark_processed to settle leases
+    PERFORM mailbox._inbox_define(p_inbox, 'processed_batch', 'text[]', 'mailbox._inbox_done[]', $d$
+    v_result mailbox._inbox_done[];$d$,
+        pg_catalog.format($b$
+        WITH d AS (
+            UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
+              FROM pg_catalog.unnest(%4$s) AS k (id)
+             WHERE t.%3$I = k.id AND t.%2$I IS NULL
+            RETURNING ROW(t.%3$I::pg_catalog.text, %5$s, %6$s)::mailbox._inbox_done AS r
+        )
+        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+    RETURN v_result;$b$,
+        v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
+             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
+END
+$$;
