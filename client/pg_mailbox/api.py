@@ -102,9 +102,7 @@ SQL_OUTBOX_STATUS = "SELECT mailbox.outbox_status(%s)"
 SQL_GROUPS = "SELECT * FROM mailbox.consumer_group_lag ORDER BY group_name"
 SQL_INBOXES = "SELECT inbox_name FROM mailbox.inbox_status() ORDER BY 1"
 SQL_INBOX_HEALTH = "SELECT mailbox.inbox_health(%s)"
-SQL_ALERTS = (
-    "SELECT * FROM mailbox.alert_log ORDER BY 1 DESC LIMIT %s"
-)
+SQL_ALERTS = "SELECT * FROM mailbox.alert_log ORDER BY 1 DESC LIMIT %s"
 
 
 def _receive_params(inbox: str, msg: dict) -> list:
@@ -128,7 +126,10 @@ def _lag_rows(rows: list[dict]) -> list[Lag]:
 
 
 def poll_outbox(
-    conn: psycopg.Connection, group: str, consumer: str, batch_size: int = 100,
+    conn: psycopg.Connection,
+    group: str,
+    consumer: str,
+    batch_size: int = 100,
     visibility_seconds: int = 30,
 ) -> list[OutboxRow]:
     cur = conn.cursor(row_factory=dict_row)
@@ -243,7 +244,10 @@ def recent_alerts(conn: psycopg.Connection, limit: int = 10) -> list[dict]:
 
 
 async def apoll_outbox(
-    conn: psycopg.AsyncConnection, group: str, consumer: str, batch_size: int = 100,
+    conn: psycopg.AsyncConnection,
+    group: str,
+    consumer: str,
+    batch_size: int = 100,
     visibility_seconds: int = 30,
 ) -> list[OutboxRow]:
     cur = conn.cursor(row_factory=dict_row)
@@ -252,8 +256,12 @@ async def apoll_outbox(
 
 
 async def acommit_and_poll(
-    conn: psycopg.AsyncConnection, group: str, consumer: str, last_offset: int | None,
-    batch_size: int = 100, visibility_seconds: int = 30,
+    conn: psycopg.AsyncConnection,
+    group: str,
+    consumer: str,
+    last_offset: int | None,
+    batch_size: int = 100,
+    visibility_seconds: int = 30,
 ) -> tuple[int | None, list[OutboxRow]]:
     """Commit the previous batch (when ``last_offset`` is set) and poll the next one in
     one round trip (a pipeline); returns (rows acknowledged, next batch)."""
@@ -288,7 +296,10 @@ async def aseek_offset(
 
 
 async def aoutbox_delta_rows(
-    conn: psycopg.AsyncConnection, outbox: str, outbox_id: int, after_row: int = 0,
+    conn: psycopg.AsyncConnection,
+    outbox: str,
+    outbox_id: int,
+    after_row: int = 0,
     limit: int = 1000,
 ) -> list[DeltaRow]:
     cur = await conn.execute(SQL_DELTA, [outbox, outbox_id, after_row, limit])
@@ -329,8 +340,9 @@ async def ainbox_receive_many(
         return flags
     async with conn.transaction():
         cur = conn.cursor()
-        await cur.executemany(SQL_RECEIVE, [_receive_params(inbox, m) for m in msgs],
-                              returning=True)
+        await cur.executemany(
+            SQL_RECEIVE, [_receive_params(inbox, m) for m in msgs], returning=True
+        )
         while True:
             row = await cur.fetchone()
             flags.append(bool(row and row[0]))

@@ -110,8 +110,12 @@ def option(
     opt = Option(dest, flag, default, type, flag_only, choices)
     shown = "off" if flag_only and not default else default
     suffix = f" (default: {shown}; env {opt.env})"
+    if choices:
+        suffix = f" ({'|'.join(choices)})" + suffix
     if flag_only:
-        parser.add_argument(flag, dest=dest, action="store_true", default=_UNSET, help=help + suffix)
+        parser.add_argument(
+            flag, dest=dest, action="store_true", default=_UNSET, help=help + suffix
+        )
     else:
         parser.add_argument(
             flag,

@@ -28,7 +28,9 @@ class Log:
             line = json.dumps({"ts": time.time(), "event": event, **fields}, default=str)
         else:
             extra = " ".join(f"{k}={v}" for k, v in fields.items())
-            line = f"{time.strftime('%H:%M:%S')} {self.name}: {event}" + (f" {extra}" if extra else "")
+            line = f"{time.strftime('%H:%M:%S')} {self.name}: {event}" + (
+                f" {extra}" if extra else ""
+            )
         print(line, file=sys.stderr, flush=True)
 
 
@@ -39,7 +41,7 @@ class Backoff:
         self.base, self.cap, self.n = base, cap, 0
 
     def next(self) -> float:
-        delay = min(self.cap, self.base * (2 ** self.n))
+        delay = min(self.cap, self.base * (2**self.n))
         self.n = min(self.n + 1, 30)
         return delay / 2 + random.random() * delay / 2
 
@@ -50,18 +52,33 @@ class Backoff:
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.messages = Counter("pg_mailbox_relay_messages", "messages handled by the relay",
-                                ["group", "sink", "result"], registry=r)
-        self.batch_seconds = Histogram("pg_mailbox_relay_batch_seconds",
-                                       "time from poll to commit of one batch", registry=r)
-        self.lag = Gauge("pg_mailbox_relay_lag_rows", "rows of the group not yet committed",
-                         ["group"], registry=r)
-        self.lease_lost = Counter("pg_mailbox_relay_lease_lost", "commits that lost a lease",
-                                  ["group"], registry=r)
-        self.reconnects = Counter("pg_mailbox_relay_reconnects", "reconnections", ["target"],
-                                  registry=r)
-        self.ingested = Counter("pg_mailbox_ingest_messages", "messages handled by ingest",
-                                ["inbox", "result"], registry=r)
+        self.messages = Counter(
+            "pg_mailbox_relay_messages",
+            "messages handled by the relay",
+            ["group", "sink", "result"],
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "pg_mailbox_relay_batch_seconds", "time from poll to commit of one batch", registry=r
+        )
+        self.lag = Gauge(
+            "pg_mailbox_relay_lag_rows",
+            "rows of the group not yet committed",
+            ["group"],
+            registry=r,
+        )
+        self.lease_lost = Counter(
+            "pg_mailbox_relay_lease_lost", "commits that lost a lease", ["group"], registry=r
+        )
+        self.reconnects = Counter(
+            "pg_mailbox_relay_reconnects", "reconnections", ["target"], registry=r
+        )
+        self.ingested = Counter(
+            "pg_mailbox_ingest_messages",
+            "messages handled by ingest",
+            ["inbox", "result"],
+            registry=r,
+        )
 
     def serve(self, port: int | None) -> None:
         if port:
@@ -107,8 +124,7 @@ def describe_dsn(dsn: str) -> str:
 async def connect(dsn: str, **kw: object) -> psycopg.AsyncConnection:
     """Start-up connection: unreachable database and missing extension are StartupError."""
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=10,
-                                                     **kw)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=10, **kw)
     except psycopg.Error as exc:
         raise StartupError(
             f"cannot connect to the database ({describe_dsn(dsn)}): "

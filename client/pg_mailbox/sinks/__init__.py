@@ -95,8 +95,10 @@ class Sink(ABC):
 
 def render(template: str, meta: dict) -> str:
     """``{outbox}``, ``{event_type}``, ``{key}``, ``{source}``; a missing value becomes ``_``."""
-    values = {k: (str(meta.get(k)) if meta.get(k) not in (None, "") else "_")
-              for k in ("outbox", "event_type", "key", "source")}
+    values = {
+        k: (str(meta.get(k)) if meta.get(k) not in (None, "") else "_")
+        for k in ("outbox", "event_type", "key", "source")
+    }
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError) as exc:

@@ -7,8 +7,19 @@ import json
 from pg_mailbox.api import dumps
 
 #: envelope fields carried as headers, besides the broker's own message id
-META_FIELDS = ("event_id", "outbox", "offset", "event_type", "key", "source", "created_at",
-               "headers", "full_refresh", "page", "pages")
+META_FIELDS = (
+    "event_id",
+    "outbox",
+    "offset",
+    "event_type",
+    "key",
+    "source",
+    "created_at",
+    "headers",
+    "full_refresh",
+    "page",
+    "pages",
+)
 
 
 def to_headers(meta: dict) -> dict[str, str]:
@@ -28,15 +39,17 @@ def to_headers(meta: dict) -> dict[str, str]:
 
 def from_headers(headers: dict | None) -> dict:
     """What ingest reads back: event_type, source, key, sequence_num, headers."""
-    headers = {str(k): (v.decode() if isinstance(v, bytes) else v)
-               for k, v in (headers or {}).items()}
+    headers = {
+        str(k): (v.decode() if isinstance(v, bytes) else v) for k, v in (headers or {}).items()
+    }
     extra = headers.get("headers")
     try:
         inner = json.loads(extra) if isinstance(extra, str) else (extra or {})
     except ValueError:
         inner = {"headers": extra}
-    seq = headers.get("sequence_num") or (inner.get("sequence_num") if isinstance(inner, dict)
-                                          else None)
+    seq = headers.get("sequence_num") or (
+        inner.get("sequence_num") if isinstance(inner, dict) else None
+    )
     try:
         seq = int(seq) if seq not in (None, "") else None
     except (TypeError, ValueError):

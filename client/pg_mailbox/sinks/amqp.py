@@ -69,10 +69,16 @@ class AmqpSink(Sink):
                     delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                     headers=to_headers(meta),
                 )
-                pending.append(asyncio.ensure_future(self.exchange.publish(
-                    msg, routing_key=render(self.routing_key, m.envelope), mandatory=True,
-                    timeout=self.timeout,
-                )))
+                pending.append(
+                    asyncio.ensure_future(
+                        self.exchange.publish(
+                            msg,
+                            routing_key=render(self.routing_key, m.envelope),
+                            mandatory=True,
+                            timeout=self.timeout,
+                        )
+                    )
+                )
             results = await asyncio.gather(*pending, return_exceptions=True)
         except ERRORS as exc:
             await self.close()

@@ -49,12 +49,14 @@ class HttpSink(Sink):
         for i, m in enumerate(messages):
             try:
                 r = await self.client.post(
-                    self.target, content=dumps(m.envelope).encode(),
+                    self.target,
+                    content=dumps(m.envelope).encode(),
                     headers={"Idempotency-Key": m.id, "Content-Type": "application/json"},
                 )
             except httpx.TimeoutException as exc:
-                raise _partial(SinkError(f"HTTP timeout on {m.id}: {exc!r}", outage=False),
-                               results) from exc
+                raise _partial(
+                    SinkError(f"HTTP timeout on {m.id}: {exc!r}", outage=False), results
+                ) from exc
             except httpx.TransportError as exc:
                 raise _partial(SinkError(f"HTTP endpoint unreachable: {exc!r}"), results) from exc
             code = r.status_code

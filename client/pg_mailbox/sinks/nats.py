@@ -46,7 +46,9 @@ class NatsSink(Sink):
             return
         await self.close()
         self.nc = await nats.connect(
-            server_url(self), connect_timeout=2, max_reconnect_attempts=0,
+            server_url(self),
+            connect_timeout=2,
+            max_reconnect_attempts=0,
             allow_reconnect=False,
         )
         self.js = self.nc.jetstream(timeout=self.timeout)
@@ -58,11 +60,14 @@ class NatsSink(Sink):
                 await self.js.stream_info(self.stream)
             except NotFoundError:
                 wildcard = re.sub(r"\{[a-z_]+\}", "*", self.subject)
-                await self.js.add_stream(StreamConfig(
-                    name=self.stream, subjects=[wildcard],
-                    duplicate_window=self.dedup_seconds,
-                ))
-        except (OSError, NatsError, asyncio.TimeoutError) as exc:
+                await self.js.add_stream(
+                    StreamConfig(
+                        name=self.stream,
+                        subjects=[wildcard],
+                        duplicate_window=self.dedup_seconds,
+                    )
+                )
+        except (TimeoutError, OSError, NatsError) as exc:
             raise SinkUnavailable(f"NATS at {server_url(self)}: {exc!r}") from exc
 
     async def publish(self, messages: list[Message]) -> list[str]:
@@ -73,12 +78,17 @@ class NatsSink(Sink):
                 headers = to_headers(m.meta())
                 headers["Nats-Msg-Id"] = m.id
                 body = _body(m)
-                futures.append(await self.js.publish_async(
-                    render(self.subject, m.envelope), body, stream=self.stream,
-                    headers=headers, wait_stall=self.timeout,
-                ))
+                futures.append(
+                    await self.js.publish_async(
+                        render(self.subject, m.envelope),
+                        body,
+                        stream=self.stream,
+                        headers=headers,
+                        wait_stall=self.timeout,
+                    )
+                )
             acks = await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
-        except (OSError, NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, NatsError) as exc:
             await self.close()
             raise SinkError(f"NATS publish failed: {exc!r}") from exc
         return [DUPLICATE if a.duplicate else DELIVERED for a in acks]

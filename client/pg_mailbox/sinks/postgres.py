@@ -68,4 +68,3 @@ class PostgresSink(Sink):
     async def close(self) -> None:
         if self.conn is not None:
             await self.conn.close()
-

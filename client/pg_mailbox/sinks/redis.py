@@ -45,11 +45,17 @@ class RedisSink(Sink):
             async with self.client.pipeline(transaction=False) as pipe:
                 for m in messages:
                     stream = render(self.stream, m.envelope)
-                    fields = {**to_headers(m.meta()), "event_id": m.id,
-                              "payload": dumps(m.envelope.get("payload"))}
+                    fields = {
+                        **to_headers(m.meta()),
+                        "event_id": m.id,
+                        "payload": dumps(m.envelope.get("payload")),
+                    }
                     flat = [x for kv in fields.items() for x in kv]
-                    await self.script(keys=[f"{stream}:dedup:{m.id}", stream],
-                                      args=[self.dedup_seconds, *flat], client=pipe)
+                    await self.script(
+                        keys=[f"{stream}:dedup:{m.id}", stream],
+                        args=[self.dedup_seconds, *flat],
+                        client=pipe,
+                    )
                 results = await pipe.execute()
         except ResponseError as exc:
             raise SinkError(f"Redis refused XADD: {exc}", outage=False) from exc
