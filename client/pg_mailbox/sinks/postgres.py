@@ -3,7 +3,7 @@ transaction per batch; the inbox's primary key drops duplicates."""
 
 from __future__ import annotations
 
-from urllib.parse import urlencode, urlunsplit
+from urllib.parse import urlencode
 
 import psycopg
 
@@ -33,7 +33,8 @@ class PostgresSink(Sink):
         if not self.inbox:
             raise ValueError(f"postgresql sink needs ?inbox=NAME: {url}")
         p = self.parts
-        self.conninfo = urlunsplit((p.scheme, p.netloc, p.path, urlencode(self.params), ""))
+        query = urlencode(self.params)
+        self.conninfo = f"{p.scheme}://{p.netloc}{p.path}" + (f"?{query}" if query else "")
         self.conn: psycopg.AsyncConnection | None = None
 
     async def _connect(self) -> psycopg.AsyncConnection:
