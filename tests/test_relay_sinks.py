@@ -24,8 +24,21 @@ from relayhelp import (
 
 
 def relay_once(dsn, sink, *extra):
-    got = cli("relay", "--dsn", dsn, "--group", "g", "--consumer", "c1", "--sink", sink,
-              "--once", "--poll-interval", "0.2", *extra)
+    got = cli(
+        "relay",
+        "--dsn",
+        dsn,
+        "--group",
+        "g",
+        "--consumer",
+        "c1",
+        "--sink",
+        sink,
+        "--once",
+        "--poll-interval",
+        "0.2",
+        *extra,
+    )
     assert got.returncode == 0, got.stderr
     assert "Traceback" not in got.stderr
     return got
@@ -41,8 +54,17 @@ def test_stdout_sink_writes_the_envelope(db, dsn):
     lines = [json.loads(x) for x in relay_once(dsn, "stdout:").stdout.splitlines()]
     assert [x["event_id"] for x in lines] == ids
     first = lines[0]
-    assert set(first) >= {"event_id", "outbox", "offset", "event_type", "key", "source",
-                          "created_at", "headers", "payload"}
+    assert set(first) >= {
+        "event_id",
+        "outbox",
+        "offset",
+        "event_type",
+        "key",
+        "source",
+        "created_at",
+        "headers",
+        "payload",
+    }
     assert first["outbox"] == "e" and first["key"] == "k1"
     assert first["event_type"] == "thing.created" and first["payload"] == {"tag": "x", "n": 1}
     assert [x["offset"] for x in lines] == sorted(x["offset"] for x in lines)
@@ -83,8 +105,20 @@ def test_amqp_unroutable_is_not_committed(db, dsn):
     """mandatory publish: a message no queue takes is a failure, never acknowledged."""
     setup_outbox(db)
     publish(db, "e", 1)
-    got = cli("relay", "--dsn", dsn, "--group", "g", "--consumer", "c1", "--once",
-              "--sink", f"{AMQP}?routing_key={uid('nowhere')}", "--max-attempts", "2")
+    got = cli(
+        "relay",
+        "--dsn",
+        dsn,
+        "--group",
+        "g",
+        "--consumer",
+        "c1",
+        "--once",
+        "--sink",
+        f"{AMQP}?routing_key={uid('nowhere')}",
+        "--max-attempts",
+        "2",
+    )
     assert got.returncode == 4, got.stderr
     assert "poison" in got.stderr and "Traceback" not in got.stderr
     assert db.execute("SELECT group_offset FROM mailbox.consumer_group_lag").fetchone()[0] == 0
@@ -128,7 +162,8 @@ def test_postgresql_inbox_sink_dedups_a_replay(db, dsn):
     relay_once(dsn, sink)
     replay(db)
     relay_once(dsn, sink)
-    got = db.execute("SELECT event_id, event_type, aggregate_id FROM mailbox.ib"
-                     " ORDER BY event_id").fetchall()
+    got = db.execute(
+        "SELECT event_id, event_type, aggregate_id FROM mailbox.ib ORDER BY event_id"
+    ).fetchall()
     assert sorted(r[0] for r in got) == sorted(ids)
     assert {(r[1], r[2]) for r in got} == {("thing.created", "k")}

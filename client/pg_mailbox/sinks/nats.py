@@ -28,6 +28,25 @@ def server_url(sink: Sink) -> str:
     return f"nats://{auth}{p.hostname or '127.0.0.1'}:{p.port or 4222}"
 
 
+async def _quiet(exc: Exception) -> None:
+    """nats-py prints tracebacks by default; the caller reports the failure instead."""
+
+
+async def nats_connect(sink: Sink):
+    """One connection, no automatic reconnects (callers retry with their own backoff)."""
+    return await asyncio.wait_for(
+        nats.connect(
+            server_url(sink),
+            connect_timeout=2,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=_quiet,
+            disconnected_cb=None,
+        ),
+        5,
+    )
+
+
 class NatsSink(Sink):
     kind = "nats"
 
@@ -45,12 +64,7 @@ class NatsSink(Sink):
         if self.nc is not None and self.nc.is_connected:
             return
         await self.close()
-        self.nc = await nats.connect(
-            server_url(self),
-            connect_timeout=2,
-            max_reconnect_attempts=0,
-            allow_reconnect=False,
-        )
+        self.nc = await nats_connect(self)
         self.js = self.nc.jetstream(timeout=self.timeout)
 
     async def start(self) -> None:

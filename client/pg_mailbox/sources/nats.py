@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import nats
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
-from pg_mailbox.sinks.nats import server_url
+from pg_mailbox.sinks.nats import nats_connect, server_url
 from pg_mailbox.sources import Incoming, Source, SourceError, SourceUnavailable, record
 
 
@@ -30,7 +29,7 @@ class NatsSource(Source):
         if self.nc is not None and self.nc.is_connected and self.sub is not None:
             return
         await self.close()
-        self.nc = await nats.connect(server_url(self), connect_timeout=2, allow_reconnect=False)
+        self.nc = await nats_connect(self)
         js = self.nc.jetstream()
         self.sub = await js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream)
 
