@@ -1,7 +1,6 @@
 """The relay's behaviour (SPEC §5.2): poison handling, retries with backoff, claim-check
 pages in bounded memory, LISTEN wake-up, two relays in one group, a hung sink."""
 
-import json
 import statistics
 import time
 
