@@ -98,7 +98,6 @@ class NatsSink(Sink):
                         body,
                         stream=self.stream,
                         headers=headers,
-                        wait_stall=self.timeout,
                     )
                 )
             acks = await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
