@@ -9,6 +9,7 @@ Options of every subcommand come from the flag, env ``PG_MAILBOX_<OPTION>``, a T
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pg_mailbox import __version__, config, demo, ingest, maintain, relay, status
@@ -85,3 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:  # noqa: BLE001 - a message, not a traceback (SPEC §5.1)
+        if os.environ.get("PG_MAILBOX_DEBUG"):
+            raise
+        print(
+            f"pg-mailbox: unexpected error: {type(exc).__name__}: {exc}\n"
+            "  rerun with PG_MAILBOX_DEBUG=1 for a traceback, and report it",
+            file=sys.stderr,
+        )
+        return 1

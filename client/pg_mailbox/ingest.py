@@ -118,6 +118,16 @@ async def _run(args: argparse.Namespace) -> int:
                     await conn.close()
                 conn = None
                 await stopper.sleep(backoff.next())
+            except psycopg.Error as exc:
+                # inbox_receive refused the batch (nothing was acknowledged): say why, retry
+                if down != "inbox":
+                    down = "inbox"
+                    log(
+                        "inbox_receive failed, retrying",
+                        error=first_line(exc),
+                        sqlstate=exc.sqlstate,
+                    )
+                await stopper.sleep(backoff.next())
             except SourceError as exc:
                 if down != "source":
                     down = "source"

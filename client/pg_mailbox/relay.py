@@ -266,10 +266,16 @@ class Relay:
                 if await self.stopper.sleep(backoff.next()):
                     self.log("stopped", reason="signal", uncommitted=pending)
                     return 0
+            except psycopg.Error as exc:
+                # not a lost connection: an API error (a dropped group, a revoked grant);
+                # logged and retried, the batch in hand goes back by lease expiry
+                pending = None
+                self.log("database error, retrying", error=first_line(exc), sqlstate=exc.sqlstate)
+                if await self.stopper.sleep(backoff.next()):
+                    return 0
             except Abandoned as exc:
                 pending = None
                 self.log("batch abandoned to lease expiry", reason=str(exc))
-                await self.sink.close()
                 if self.stopper.stopping:
                     return 0
                 # let the lease run out so another consumer of the group can take the rows

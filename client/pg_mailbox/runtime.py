@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import sys
@@ -96,7 +97,7 @@ class Stopper:
 
     def _signal(self) -> None:
         if self.event.is_set():
-            raise SystemExit(130)
+            os._exit(130)  # a second signal: leave now (leases expire, nothing is committed)
         self.event.set()
 
     @property
