@@ -17,7 +17,7 @@ Latency: one relay, --poll-interval 5, waiting on LISTEN; the bench commits one 
 time and measures commit -> message seen by a core NATS subscriber of the subject
 (after JetStream stored it): p50/p99 over --latency-samples.
 
-Usage: python bench/relay_bench.py [--dsn DSN] [--rows 100000] [--batches 100,1000]
+Usage: python bench/relay_bench.py [--dsn DSN] [--rows 20000] [--batches 100,1000]
        [--relays 1,2] [--sinks nats,amqp] [--latency-samples 200] [--quick]
 Without --dsn a throwaway cluster is started (pg_mailbox.cluster) and removed afterwards.
 Needs NATS (JetStream) on 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest).
@@ -331,7 +331,8 @@ def machine(db) -> list[str]:
             cpu = line.split(":", 1)[1].strip()
             break
     return [
-        f"machine: {platform.node()} {os.cpu_count()} CPU(s) {cpu}; python {platform.python_version()}",
+        f"machine: {platform.node()} {os.cpu_count()} CPU(s) {cpu};"
+        f" python {platform.python_version()}",
         f"server: {db.execute('SELECT version()').fetchone()[0].split(',')[0]}",
         f"load average at start: {' '.join(load)} (other agents share these cores)",
     ]
@@ -340,7 +341,7 @@ def machine(db) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn")
-    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--batches", default="100,1000")
     ap.add_argument("--relays", default="1,2")
     ap.add_argument("--sinks", default="nats,amqp")

@@ -19,10 +19,30 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 EXTENSION = "pg_mailbox"
+
+
+class RawJson(str):
+    """JSON text as the server sent it, not parsed (``poll_outbox(..., raw=True)``): a relay
+    that only forwards payloads skips a decode and an encode per row."""
+
+    __slots__ = ()
+
+
+class _RawJsonLoader(Loader):
+    def load(self, data) -> RawJson:
+        return RawJson(bytes(data).decode())
+
+
+def _poll_cursor(conn, raw: bool):
+    cur = conn.cursor(row_factory=dict_row)
+    if raw:
+        cur.adapters.register_loader("jsonb", _RawJsonLoader)
+    return cur
 
 
 @dataclass(slots=True)
@@ -109,13 +129,17 @@ def _receive_params(inbox: str, msg: dict) -> list:
     return [
         inbox,
         msg["event_id"],
-        Jsonb(msg.get("payload")),
+        _jsonb(msg.get("payload")),
         msg.get("event_type"),
         msg.get("source"),
         msg.get("aggregate_id"),
         msg.get("sequence_num"),
-        Jsonb(msg.get("headers")) if msg.get("headers") is not None else None,
+        _jsonb(msg.get("headers")) if msg.get("headers") is not None else None,
     ]
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=str) if isinstance(value, RawJson) else Jsonb(value, dumps=dumps)
 
 
 def _lag_rows(rows: list[dict]) -> list[Lag]:
@@ -131,8 +155,10 @@ def poll_outbox(
     consumer: str,
     batch_size: int = 100,
     visibility_seconds: int = 30,
+    raw: bool = False,
 ) -> list[OutboxRow]:
-    cur = conn.cursor(row_factory=dict_row)
+    """``raw=True``: payload and headers as :class:`RawJson` text."""
+    cur = _poll_cursor(conn, raw)
     cur.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
     return [OutboxRow.from_dict(r) for r in cur.fetchall()]
 
@@ -249,8 +275,10 @@ async def apoll_outbox(
     consumer: str,
     batch_size: int = 100,
     visibility_seconds: int = 30,
+    raw: bool = False,
 ) -> list[OutboxRow]:
-    cur = conn.cursor(row_factory=dict_row)
+    """``raw=True``: payload and headers as :class:`RawJson` text."""
+    cur = _poll_cursor(conn, raw)
     await cur.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
     return [OutboxRow.from_dict(r) for r in await cur.fetchall()]
 
@@ -262,15 +290,17 @@ async def acommit_and_poll(
     last_offset: int | None,
     batch_size: int = 100,
     visibility_seconds: int = 30,
+    raw: bool = False,
 ) -> tuple[int | None, list[OutboxRow]]:
     """Commit the previous batch (when ``last_offset`` is set) and poll the next one in
     one round trip (a pipeline); returns (rows acknowledged, next batch)."""
     if last_offset is None:
-        return None, await apoll_outbox(conn, group, consumer, batch_size, visibility_seconds)
+        rows = await apoll_outbox(conn, group, consumer, batch_size, visibility_seconds, raw)
+        return None, rows
     async with conn.pipeline():
         c1 = conn.cursor()
         await c1.execute(SQL_COMMIT, [group, consumer, last_offset])
-        c2 = conn.cursor(row_factory=dict_row)
+        c2 = _poll_cursor(conn, raw)
         await c2.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
     acked = (await c1.fetchone())[0]
     return acked, [OutboxRow.from_dict(r) for r in await c2.fetchall()]
@@ -374,5 +404,15 @@ async def ainbox_exists(conn: psycopg.AsyncConnection, inbox: str) -> bool:
 
 
 def dumps(value: Any) -> str:
-    """JSON text for envelopes (UUIDs and timestamps as strings)."""
+    """JSON text (UUIDs and timestamps as strings); :class:`RawJson` as it is, also inside
+    a dict (an envelope carrying a raw payload)."""
+    if isinstance(value, RawJson):
+        return value
+    if isinstance(value, dict) and any(isinstance(v, RawJson) for v in value.values()):
+        return "{" + ",".join(json.dumps(str(k)) + ":" + dumps(v) for k, v in value.items()) + "}"
     return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def loads(value: Any) -> Any:
+    """The parsed value of :class:`RawJson`; anything else as it is."""
+    return json.loads(value) if isinstance(value, RawJson) else value

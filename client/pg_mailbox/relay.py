@@ -241,6 +241,7 @@ class Relay:
                     pending,
                     args.batch_size,
                     args.visibility,
+                    raw=True,
                 )
                 pending = None
                 if self.db_down:
@@ -379,7 +380,7 @@ class Relay:
 
     async def _send_claim_check(self, row: api.OutboxRow, batch: list[api.OutboxRow]) -> None:
         """Page by page: at most PAGE_ROWS delta rows in memory at a time."""
-        body = row.payload or {}
+        body = api.loads(row.payload) or {}
         total = (row.inserted_count or 0) + (row.deleted_count or 0)
         pages = max(1, math.ceil(total / PAGE_ROWS))
         after = 0

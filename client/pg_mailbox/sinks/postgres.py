@@ -20,7 +20,7 @@ def to_inbox(m: Message) -> dict:
         "source": e.get("source") or e.get("outbox"),
         "aggregate_id": e.get("key"),
         "sequence_num": None,
-        "headers": m.meta(),
+        "headers": {k: api.loads(v) for k, v in m.meta().items()},
     }
 
 
