@@ -312,3 +312,50 @@ def test_a_hung_sink_loses_its_rows_to_the_other_relay(db, dsn, tmp_path):
         if b is not None:
             assert b.term() == 0
         hang.close()
+
+
+# --- metrics ----------------------------------------------------------------------------
+
+
+def test_metrics_endpoint_counts_deliveries(db, dsn, tmp_path):
+    import urllib.request
+
+    from pg_mailbox.cluster import free_port
+
+    setup_outbox(db)
+    publish(db, "e", 7)
+    port = free_port()
+    p = Proc(
+        tmp_path,
+        "r",
+        "relay",
+        "--dsn",
+        dsn,
+        "--group",
+        "g",
+        "--consumer",
+        "c1",
+        "--sink",
+        "stdout:",
+        "--poll-interval",
+        "0.2",
+        "--metrics-port",
+        str(port),
+    )
+    try:
+        wait_for(lambda: group_offset(db) == 7, what="relay drained")
+
+        def scrape():
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return r.read().decode()
+
+        text = wait_for(
+            lambda: "pg_mailbox_relay_messages_total" in scrape() and scrape(), what="metrics"
+        )
+        assert (
+            'pg_mailbox_relay_messages_total{group="g",result="delivered",sink="stdout"} 7.0'
+        ) in text
+        assert "pg_mailbox_relay_batch_seconds_count" in text
+        assert 'pg_mailbox_relay_lag_rows{group="g"}' in text
+    finally:
+        assert p.term() == 0

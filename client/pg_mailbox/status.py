@@ -71,7 +71,13 @@ def collect(conn: psycopg.Connection, alerts: int = 10) -> dict:
         inboxes.append(h)
         if h.get("health_status") not in (None, "healthy"):
             problems.append(f"inbox {name}: {h.get('health_status')}")
-    recent = api.recent_alerts(conn, alerts) if alerts > 0 else []
+    recent: list = []
+    if alerts > 0:
+        try:
+            recent = api.recent_alerts(conn, alerts)
+        except psycopg.errors.InsufficientPrivilege:
+            problems_note = "alerts need mailbox_admin (SELECT on mailbox.alert_log)"
+            recent = [{"note": problems_note}]
     return {
         "outboxes": outboxes,
         "groups": groups,
