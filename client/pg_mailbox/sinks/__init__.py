@@ -14,6 +14,7 @@ See docs/relay.md#writing-a-sink for the contract.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -119,11 +120,25 @@ SCHEMES = {
 }
 
 
-def open_sink(url: str) -> Sink:
+def load_scheme(url: str, schemes: dict[str, str], what: str):
+    """The class registered for the URL's scheme (imported only when used)."""
     scheme = urlsplit(url).scheme.lower()
-    if scheme not in SCHEMES:
+    if scheme not in schemes:
         raise ValueError(
-            f"unknown sink scheme {scheme!r} in {url!r}; known: {', '.join(sorted(SCHEMES))}"
+            f"unknown {what} scheme {scheme!r} in {url!r}; known: {', '.join(sorted(schemes))}"
         )
-    module, cls = SCHEMES[scheme].split(":")
-    return getattr(importlib.import_module(module), cls)(url)
+    module, cls = schemes[scheme].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+async def close_quietly(conn, timeout: float = 2) -> None:
+    """Close a broker connection that may already be broken."""
+    if conn is not None:
+        try:
+            await asyncio.wait_for(conn.close(), timeout)
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+
+
+def open_sink(url: str) -> Sink:
+    return load_scheme(url, SCHEMES, "sink")(url)

@@ -17,7 +17,15 @@ from aio_pika.exceptions import AMQPError, DeliveryError, PublishError
 from aiormq.exceptions import AMQPError as AiormqError
 
 from pg_mailbox.api import dumps
-from pg_mailbox.sinks import DELIVERED, Message, Sink, SinkError, SinkUnavailable, render
+from pg_mailbox.sinks import (
+    DELIVERED,
+    Message,
+    Sink,
+    SinkError,
+    SinkUnavailable,
+    close_quietly,
+    render,
+)
 from pg_mailbox.sinks._meta import to_headers
 
 ERRORS = (OSError, AMQPError, AiormqError, asyncio.TimeoutError, ConnectionError)
@@ -93,8 +101,4 @@ class AmqpSink(Sink):
 
     async def close(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), 2)
-            except Exception:  # noqa: BLE001 - already broken
-                pass
+        await close_quietly(conn)

@@ -16,7 +16,16 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from pg_mailbox.api import dumps
-from pg_mailbox.sinks import DELIVERED, DUPLICATE, Message, Sink, SinkError, SinkUnavailable, render
+from pg_mailbox.sinks import (
+    DELIVERED,
+    DUPLICATE,
+    Message,
+    Sink,
+    SinkError,
+    SinkUnavailable,
+    close_quietly,
+    render,
+)
 from pg_mailbox.sinks._meta import to_headers
 
 
@@ -108,11 +117,7 @@ class NatsSink(Sink):
 
     async def close(self) -> None:
         nc, self.nc = self.nc, None
-        if nc is not None:
-            try:
-                await asyncio.wait_for(nc.close(), 2)
-            except Exception:  # noqa: BLE001 - already broken
-                pass
+        await close_quietly(nc)
 
 
 def _body(m: Message) -> bytes:

@@ -13,13 +13,13 @@ A source implements :class:`Source`; adding SQS or Kafka is one module plus one 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from pg_mailbox.sinks import load_scheme
 from pg_mailbox.sinks._meta import from_headers
 
 
@@ -82,10 +82,4 @@ SCHEMES = {
 
 
 def open_source(url: str) -> Source:
-    scheme = urlsplit(url).scheme.lower()
-    if scheme not in SCHEMES:
-        raise ValueError(
-            f"unknown source scheme {scheme!r} in {url!r}; known: {', '.join(sorted(SCHEMES))}"
-        )
-    module, cls = SCHEMES[scheme].split(":")
-    return getattr(importlib.import_module(module), cls)(url)
+    return load_scheme(url, SCHEMES, "source")(url)

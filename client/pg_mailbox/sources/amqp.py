@@ -8,6 +8,7 @@ from urllib.parse import urlunsplit
 
 import aio_pika
 
+from pg_mailbox.sinks import close_quietly
 from pg_mailbox.sinks.amqp import ERRORS
 from pg_mailbox.sources import Incoming, Source, SourceError, SourceUnavailable, record
 
@@ -73,8 +74,4 @@ class AmqpSource(Source):
 
     async def close(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), 2)
-            except Exception:  # noqa: BLE001 - already broken
-                pass
+        await close_quietly(conn)

@@ -3,11 +3,10 @@ Event id: header ``Nats-Msg-Id``."""
 
 from __future__ import annotations
 
-import asyncio
-
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
+from pg_mailbox.sinks import close_quietly
 from pg_mailbox.sinks.nats import nats_connect, server_url
 from pg_mailbox.sources import Incoming, Source, SourceError, SourceUnavailable, record
 
@@ -65,8 +64,4 @@ class NatsSource(Source):
 
     async def close(self) -> None:
         nc, self.nc, self.sub = self.nc, None, None
-        if nc is not None:
-            try:
-                await asyncio.wait_for(nc.close(), 2)
-            except Exception:  # noqa: BLE001 - already broken
-                pass
+        await close_quietly(nc)
