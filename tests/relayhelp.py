@@ -49,6 +49,39 @@ def cli(*args: str, env: dict | None = None, timeout: float = 120, cwd: str | No
     )
 
 
+def relay(dsn: str, sink: str, *extra: str, consumer: str = "c1", group: str = "g"):
+    """`pg-mailbox relay --once` on group g; returns the CompletedProcess."""
+    return cli(
+        "relay",
+        "--dsn",
+        dsn,
+        "--group",
+        group,
+        "--consumer",
+        consumer,
+        "--sink",
+        sink,
+        "--once",
+        "--poll-interval",
+        "0.2",
+        *extra,
+    )
+
+
+def relay_once(dsn: str, sink: str, *extra: str):
+    """relay() that must succeed without a traceback."""
+    got = relay(dsn, sink, *extra)
+    assert got.returncode == 0, got.stderr
+    assert "Traceback" not in got.stderr
+    return got
+
+
+def group_offset(db, group: str = "g") -> int:
+    return db.execute(
+        "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = %s", [group]
+    ).fetchone()[0]
+
+
 class Proc:
     """A long-running `pg-mailbox` subprocess with stdout/stderr in files."""
 

@@ -4,13 +4,7 @@ pages in bounded memory, LISTEN wake-up, two relays in one group, a hung sink.""
 import statistics
 import time
 
-from relayhelp import Proc, Recorder, cli, publish, setup_outbox, wait_for
-
-
-def group_offset(db, group="g"):
-    return db.execute(
-        "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = %s", [group]
-    ).fetchone()[0]
+from relayhelp import Proc, Recorder, group_offset, publish, relay, setup_outbox, wait_for
 
 
 def committed(db, consumer, group="g"):
@@ -20,24 +14,6 @@ def committed(db, consumer, group="g"):
         [group, consumer],
     ).fetchone()
     return row[0] if row else None
-
-
-def relay(dsn, sink, *extra, consumer="c1"):
-    return cli(
-        "relay",
-        "--dsn",
-        dsn,
-        "--group",
-        "g",
-        "--consumer",
-        consumer,
-        "--sink",
-        sink,
-        "--once",
-        "--poll-interval",
-        "0.2",
-        *extra,
-    )
 
 
 # --- HTTP: retry vs poison --------------------------------------------------------------

@@ -14,6 +14,7 @@ from relayhelp import (
     NATS,
     Proc,
     arun,
+    group_offset,
     nats_count,
     nats_delete_stream,
     nats_stream_ids,
@@ -51,12 +52,6 @@ def producers(dsn, outbox, n_threads, per_thread, chunk=50, pause=0.0):
     for th in threads:
         th.start()
     return threads, ids, errors
-
-
-def group_offset(conn, group="g"):
-    return conn.execute(
-        "SELECT group_offset FROM mailbox.consumer_group_lag WHERE group_name = %s", [group]
-    ).fetchone()[0]
 
 
 @pytest.mark.slow

@@ -18,30 +18,10 @@ from relayhelp import (
     nats_stream_ids,
     pg_url,
     publish,
+    relay_once,
     setup_outbox,
     uid,
 )
-
-
-def relay_once(dsn, sink, *extra):
-    got = cli(
-        "relay",
-        "--dsn",
-        dsn,
-        "--group",
-        "g",
-        "--consumer",
-        "c1",
-        "--sink",
-        sink,
-        "--once",
-        "--poll-interval",
-        "0.2",
-        *extra,
-    )
-    assert got.returncode == 0, got.stderr
-    assert "Traceback" not in got.stderr
-    return got
 
 
 def replay(db):
