@@ -335,3 +335,39 @@ def test_metrics_endpoint_counts_deliveries(db, dsn, tmp_path):
         assert 'pg_mailbox_relay_lag_rows{group="g"}' in text
     finally:
         assert p.term() == 0
+
+
+# --- SIGTERM ----------------------------------------------------------------------------
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_commits_it(db, dsn, tmp_path):
+    setup_outbox(db)
+    ids = publish(db, "e", 8)
+    rec = Recorder(lambda n, key: (200, 0.3))  # a slow receiver: the batch takes ~2.4 s
+    p = Proc(
+        tmp_path,
+        "r",
+        "relay",
+        "--dsn",
+        dsn,
+        "--group",
+        "g",
+        "--consumer",
+        "c1",
+        "--sink",
+        rec.url,
+        "--batch-size",
+        "100",
+        "--poll-interval",
+        "0.2",
+    )
+    try:
+        wait_for(lambda: rec.got, what="first POST")
+        p.p.send_signal(15)
+        assert p.p.wait(30) == 0, p.stderr()
+        assert rec.delivered() == ids  # the batch in hand was finished, not dropped
+        assert group_offset(db) == 8  # and committed before exiting
+        assert "stopped reason=signal" in p.stderr()
+    finally:
+        p.kill()
+        rec.close()
