@@ -15,6 +15,7 @@ See docs/relay.md#writing-a-sink for the contract.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -96,9 +97,23 @@ class Sink(ABC):
 
 def render(template: str, meta: dict) -> str:
     """``{outbox}``, ``{event_type}``, ``{key}``, ``{source}``; a missing value becomes ``_``."""
+    if "{" not in template:
+        return template
+    return _render(
+        template, meta.get("outbox"), meta.get("event_type"), meta.get("key"), meta.get("source")
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _render(template: str, outbox, event_type, key, source) -> str:
     values = {
-        k: (str(meta.get(k)) if meta.get(k) not in (None, "") else "_")
-        for k in ("outbox", "event_type", "key", "source")
+        k: (str(v) if v not in (None, "") else "_")
+        for k, v in (
+            ("outbox", outbox),
+            ("event_type", event_type),
+            ("key", key),
+            ("source", source),
+        )
     }
     try:
         return template.format(**values)
