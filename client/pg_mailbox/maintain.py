@@ -11,19 +11,21 @@ import time
 
 import psycopg
 
+from pg_mailbox import api
+from pg_mailbox.config import StartupError, add_common, option, positive_float
+from pg_mailbox.runtime import describe_dsn, first_line
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", required=True, help="libpq connection string of the database")
-    parser.add_argument(
-        "--interval", type=float, default=60.0, help="seconds between passes (default 60)"
-    )
-    parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    add_common(parser, metrics=False)
+    option(parser, "--interval", default=60.0, type=positive_float, help="seconds between passes")
+    option(parser, "--once", flag_only=True, default=False, help="run one pass and exit")
 
 
 def run_once(conn: psycopg.Connection) -> dict:
     """One maintenance pass in its own transaction; returns its counts."""
     with conn.transaction():
-        return conn.execute("SELECT mailbox.run_maintenance()").fetchone()[0]
+        return api.run_maintenance(conn)
 
 
 def summary(result: dict) -> str:
@@ -33,7 +35,26 @@ def summary(result: dict) -> str:
     return json.dumps(done) if done else "nothing to do"
 
 
+def _check_start(dsn: str) -> None:
+    """Exit 3 with advice when the database or the extension is missing at start."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            if api.extension_version(conn) is None:
+                raise StartupError(
+                    "maintenance failed: the pg_mailbox extension is not installed in this"
+                    " database",
+                    "run: CREATE EXTENSION pg_mailbox CASCADE;",
+                )
+    except psycopg.Error as exc:
+        raise StartupError(
+            f"maintenance failed: cannot connect to the database ({describe_dsn(dsn)}):"
+            f" {first_line(exc)}",
+            "check --dsn / PG_MAILBOX_DSN (or PGHOST, PGPORT, PGUSER)",
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_start(args.dsn)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,418 @@
+"""Typed wrappers of the pg_mailbox SQL API (pgmq-py style).
+
+Every function takes the caller's psycopg connection, so it runs in the caller's
+transaction (or autocommit) and never opens connections of its own. Each call exists
+twice: ``poll_outbox(conn, ...)`` for a :class:`psycopg.Connection` and
+``apoll_outbox(aconn, ...)`` for a :class:`psycopg.AsyncConnection`. The relay, ingest
+and status commands write the extension's SQL only through this module.
+
+Result columns are read by name, so a newer extension that adds a column (``partition``
+on ``poll_outbox``) does not break a client built against an older one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.adapt import Loader
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+EXTENSION = "pg_mailbox"
+
+
+class RawJson(str):
+    """JSON text as the server sent it, not parsed (``poll_outbox(..., raw=True)``): a relay
+    that only forwards payloads skips a decode and an encode per row."""
+
+    __slots__ = ()
+
+
+class _RawJsonLoader(Loader):
+    def load(self, data) -> RawJson:
+        return RawJson(bytes(data).decode())
+
+
+def _poll_cursor(conn, raw: bool):
+    cur = conn.cursor(row_factory=dict_row)
+    if raw:
+        cur.adapters.register_loader("jsonb", _RawJsonLoader)
+    return cur
+
+
+@dataclass(slots=True)
+class OutboxRow:
+    """One row of ``mailbox.poll_outbox``."""
+
+    outbox_id: int
+    event_id: UUID
+    created_at: datetime
+    source: str | None
+    event_type: str | None
+    key: str | None
+    headers: dict
+    inserted_count: int
+    deleted_count: int
+    is_claim_check: bool
+    full_refresh: bool
+    payload: dict
+    partition: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OutboxRow:
+        known = {k: d.pop(k) for k in list(d) if k in _ROW_FIELDS}
+        return cls(**known, extra=d)
+
+
+_ROW_FIELDS = {f for f in OutboxRow.__dataclass_fields__ if f != "extra"}
+
+
+@dataclass(slots=True)
+class DeltaRow:
+    row_num: int
+    op: str
+    payload: Any
+
+
+@dataclass(slots=True)
+class Lag:
+    group_name: str
+    consumer_id: str | None
+    committed_offset: int | None
+    group_offset: int | None
+    head_offset: int | None
+    lag: int | None
+    in_flight: int | None
+    last_heartbeat_at: datetime | None
+    heartbeat_age_seconds: float | None
+    healthy: bool | None
+
+
+# --- SQL text (one place; sync and async share it) -------------------------------------
+
+SQL_POLL = "SELECT * FROM mailbox.poll_outbox(%s, %s, %s, %s)"
+SQL_COMMIT = "SELECT mailbox.commit_offset(%s, %s, %s)"
+SQL_EXTEND = "SELECT mailbox.extend_lease(%s, %s, %s)"
+SQL_SEEK = "SELECT mailbox.seek_offset(%s, %s, %s)"
+SQL_HEARTBEAT = "SELECT mailbox.consumer_heartbeat(%s, %s)"
+SQL_DELTA = "SELECT row_num, op, payload FROM mailbox.outbox_delta_rows(%s, %s, %s, %s)"
+SQL_CONSUMED = "SELECT mailbox.outbox_rows_consumed(%s, %s, %s)"
+SQL_PARK = "SELECT mailbox.outbox_park(%s, %s, %s, %s)"
+SQL_CREATE_GROUP = "SELECT mailbox.create_consumer_group(%s, %s, %s)"
+SQL_LAG = "SELECT * FROM mailbox.consumer_lag(%s)"
+SQL_RECEIVE = (
+    "SELECT mailbox.inbox_receive(%s, %s, %s, p_event_type => %s, p_source => %s,"
+    " p_aggregate_id => %s, p_sequence_num => %s, p_headers => %s)"
+)
+SQL_GROUP_OUTBOX = "SELECT outbox_name FROM mailbox.consumer_group_lag WHERE group_name = %s"
+SQL_EXT_VERSION = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = %s"
+SQL_HAS_PARK = (
+    "SELECT pg_catalog.to_regprocedure('mailbox.outbox_park(text, text, bigint, text)') IS NOT NULL"
+)
+SQL_INBOX_EXISTS = "SELECT count(*) FROM mailbox.inbox_status(%s)"
+SQL_MAINTENANCE = "SELECT mailbox.run_maintenance()"
+SQL_OUTBOXES = "SELECT outbox_name FROM mailbox.outboxes ORDER BY 1"
+SQL_OUTBOX_STATUS = "SELECT mailbox.outbox_status(%s)"
+SQL_GROUPS = "SELECT * FROM mailbox.consumer_group_lag ORDER BY group_name"
+SQL_INBOXES = "SELECT inbox_name FROM mailbox.inbox_status() ORDER BY 1"
+SQL_INBOX_HEALTH = "SELECT mailbox.inbox_health(%s)"
+SQL_ALERTS = "SELECT * FROM mailbox.alert_log ORDER BY 1 DESC LIMIT %s"
+
+
+def _receive_params(inbox: str, msg: dict) -> list:
+    return [
+        inbox,
+        msg["event_id"],
+        _jsonb(msg.get("payload")),
+        msg.get("event_type"),
+        msg.get("source"),
+        msg.get("aggregate_id"),
+        msg.get("sequence_num"),
+        _jsonb(msg.get("headers")) if msg.get("headers") is not None else None,
+    ]
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=str) if isinstance(value, RawJson) else Jsonb(value, dumps=dumps)
+
+
+def _lag_rows(rows: list[dict]) -> list[Lag]:
+    return [Lag(**{k: r.get(k) for k in Lag.__dataclass_fields__}) for r in rows]
+
+
+# --- synchronous -------------------------------------------------------------------------
+
+
+def poll_outbox(
+    conn: psycopg.Connection,
+    group: str,
+    consumer: str,
+    batch_size: int = 100,
+    visibility_seconds: int = 30,
+    raw: bool = False,
+) -> list[OutboxRow]:
+    """``raw=True``: payload and headers as :class:`RawJson` text."""
+    cur = _poll_cursor(conn, raw)
+    cur.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
+    return [OutboxRow.from_dict(r) for r in cur.fetchall()]
+
+
+def commit_offset(conn: psycopg.Connection, group: str, consumer: str, last_offset: int) -> int:
+    return conn.execute(SQL_COMMIT, [group, consumer, last_offset]).fetchone()[0]
+
+
+def extend_lease(
+    conn: psycopg.Connection, group: str, consumer: str, extension_seconds: int = 30
+) -> datetime | None:
+    return conn.execute(SQL_EXTEND, [group, consumer, extension_seconds]).fetchone()[0]
+
+
+def seek_offset(conn: psycopg.Connection, group: str, consumer: str, offset: int | None) -> None:
+    conn.execute(SQL_SEEK, [group, consumer, offset])
+
+
+def consumer_heartbeat(conn: psycopg.Connection, group: str, consumer: str) -> None:
+    conn.execute(SQL_HEARTBEAT, [group, consumer])
+
+
+def outbox_delta_rows(
+    conn: psycopg.Connection, outbox: str, outbox_id: int, after_row: int = 0, limit: int = 1000
+) -> list[DeltaRow]:
+    rows = conn.execute(SQL_DELTA, [outbox, outbox_id, after_row, limit]).fetchall()
+    return [DeltaRow(*r) for r in rows]
+
+
+def outbox_rows_consumed(
+    conn: psycopg.Connection, outbox: str, outbox_id: int, group: str | None = None
+) -> None:
+    conn.execute(SQL_CONSUMED, [outbox, outbox_id, group])
+
+
+def outbox_park(
+    conn: psycopg.Connection, group: str, consumer: str, outbox_id: int, reason: str
+) -> None:
+    conn.execute(SQL_PARK, [group, consumer, outbox_id, reason])
+
+
+def create_consumer_group(
+    conn: psycopg.Connection, name: str, outbox: str, auto_offset_reset: str = "latest"
+) -> None:
+    conn.execute(SQL_CREATE_GROUP, [name, outbox, auto_offset_reset])
+
+
+def consumer_lag(conn: psycopg.Connection, group: str | None = None) -> list[Lag]:
+    return _lag_rows(conn.cursor(row_factory=dict_row).execute(SQL_LAG, [group]).fetchall())
+
+
+def inbox_receive(conn: psycopg.Connection, inbox: str, msg: dict) -> bool:
+    """``msg``: event_id, payload, and optionally event_type, source, aggregate_id,
+    sequence_num, headers. Returns False for a duplicate."""
+    return conn.execute(SQL_RECEIVE, _receive_params(inbox, msg)).fetchone()[0]
+
+
+def group_outbox(conn: psycopg.Connection, group: str) -> str | None:
+    row = conn.execute(SQL_GROUP_OUTBOX, [group]).fetchone()
+    return row[0] if row else None
+
+
+def extension_version(conn: psycopg.Connection) -> str | None:
+    row = conn.execute(SQL_EXT_VERSION, [EXTENSION]).fetchone()
+    return row[0] if row else None
+
+
+def has_outbox_park(conn: psycopg.Connection) -> bool:
+    return conn.execute(SQL_HAS_PARK).fetchone()[0]
+
+
+def inbox_exists(conn: psycopg.Connection, inbox: str) -> bool:
+    try:
+        with conn.transaction():
+            return conn.execute(SQL_INBOX_EXISTS, [inbox]).fetchone()[0] > 0
+    except psycopg.errors.UndefinedObject:
+        return False
+
+
+def run_maintenance(conn: psycopg.Connection) -> dict:
+    return conn.execute(SQL_MAINTENANCE).fetchone()[0]
+
+
+def outboxes(conn: psycopg.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(SQL_OUTBOXES).fetchall()]
+
+
+def outbox_status(conn: psycopg.Connection, outbox: str) -> dict:
+    return conn.execute(SQL_OUTBOX_STATUS, [outbox]).fetchone()[0]
+
+
+def groups(conn: psycopg.Connection) -> list[dict]:
+    return conn.cursor(row_factory=dict_row).execute(SQL_GROUPS).fetchall()
+
+
+def inboxes(conn: psycopg.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(SQL_INBOXES).fetchall()]
+
+
+def inbox_health(conn: psycopg.Connection, inbox: str) -> dict:
+    return conn.execute(SQL_INBOX_HEALTH, [inbox]).fetchone()[0]
+
+
+def recent_alerts(conn: psycopg.Connection, limit: int = 10) -> list[dict]:
+    return conn.cursor(row_factory=dict_row).execute(SQL_ALERTS, [limit]).fetchall()
+
+
+# --- asynchronous ------------------------------------------------------------------------
+
+
+async def apoll_outbox(
+    conn: psycopg.AsyncConnection,
+    group: str,
+    consumer: str,
+    batch_size: int = 100,
+    visibility_seconds: int = 30,
+    raw: bool = False,
+) -> list[OutboxRow]:
+    """``raw=True``: payload and headers as :class:`RawJson` text."""
+    cur = _poll_cursor(conn, raw)
+    await cur.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
+    return [OutboxRow.from_dict(r) for r in await cur.fetchall()]
+
+
+async def acommit_and_poll(
+    conn: psycopg.AsyncConnection,
+    group: str,
+    consumer: str,
+    last_offset: int | None,
+    batch_size: int = 100,
+    visibility_seconds: int = 30,
+    raw: bool = False,
+) -> tuple[int | None, list[OutboxRow]]:
+    """Commit the previous batch (when ``last_offset`` is set) and poll the next one in
+    one round trip (a pipeline); returns (rows acknowledged, next batch)."""
+    if last_offset is None:
+        rows = await apoll_outbox(conn, group, consumer, batch_size, visibility_seconds, raw)
+        return None, rows
+    async with conn.pipeline():
+        c1 = conn.cursor()
+        await c1.execute(SQL_COMMIT, [group, consumer, last_offset])
+        c2 = _poll_cursor(conn, raw)
+        await c2.execute(SQL_POLL, [group, consumer, batch_size, visibility_seconds])
+    acked = (await c1.fetchone())[0]
+    return acked, [OutboxRow.from_dict(r) for r in await c2.fetchall()]
+
+
+async def acommit_offset(
+    conn: psycopg.AsyncConnection, group: str, consumer: str, last_offset: int
+) -> int:
+    return (await (await conn.execute(SQL_COMMIT, [group, consumer, last_offset])).fetchone())[0]
+
+
+async def aextend_lease(
+    conn: psycopg.AsyncConnection, group: str, consumer: str, extension_seconds: int = 30
+) -> datetime | None:
+    cur = await conn.execute(SQL_EXTEND, [group, consumer, extension_seconds])
+    return (await cur.fetchone())[0]
+
+
+async def aseek_offset(
+    conn: psycopg.AsyncConnection, group: str, consumer: str, offset: int | None
+) -> None:
+    await conn.execute(SQL_SEEK, [group, consumer, offset])
+
+
+async def aoutbox_delta_rows(
+    conn: psycopg.AsyncConnection,
+    outbox: str,
+    outbox_id: int,
+    after_row: int = 0,
+    limit: int = 1000,
+) -> list[DeltaRow]:
+    cur = await conn.execute(SQL_DELTA, [outbox, outbox_id, after_row, limit])
+    return [DeltaRow(*r) for r in await cur.fetchall()]
+
+
+async def aoutbox_rows_consumed(
+    conn: psycopg.AsyncConnection, outbox: str, outbox_id: int, group: str | None = None
+) -> None:
+    await conn.execute(SQL_CONSUMED, [outbox, outbox_id, group])
+
+
+async def aoutbox_park(
+    conn: psycopg.AsyncConnection, group: str, consumer: str, outbox_id: int, reason: str
+) -> None:
+    await conn.execute(SQL_PARK, [group, consumer, outbox_id, reason])
+
+
+async def acreate_consumer_group(
+    conn: psycopg.AsyncConnection, name: str, outbox: str, auto_offset_reset: str = "latest"
+) -> None:
+    await conn.execute(SQL_CREATE_GROUP, [name, outbox, auto_offset_reset])
+
+
+async def aconsumer_lag(conn: psycopg.AsyncConnection, group: str | None = None) -> list[Lag]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(SQL_LAG, [group])
+    return _lag_rows(await cur.fetchall())
+
+
+async def ainbox_receive_many(
+    conn: psycopg.AsyncConnection, inbox: str, msgs: list[dict]
+) -> list[bool]:
+    """Receive messages in one transaction (one round trip); True for each new one,
+    False for a duplicate."""
+    flags: list[bool] = []
+    if not msgs:
+        return flags
+    async with conn.transaction():
+        cur = conn.cursor()
+        await cur.executemany(
+            SQL_RECEIVE, [_receive_params(inbox, m) for m in msgs], returning=True
+        )
+        while True:
+            row = await cur.fetchone()
+            flags.append(bool(row and row[0]))
+            if not cur.nextset():
+                break
+    return flags
+
+
+async def agroup_outbox(conn: psycopg.AsyncConnection, group: str) -> str | None:
+    row = await (await conn.execute(SQL_GROUP_OUTBOX, [group])).fetchone()
+    return row[0] if row else None
+
+
+async def aextension_version(conn: psycopg.AsyncConnection) -> str | None:
+    row = await (await conn.execute(SQL_EXT_VERSION, [EXTENSION])).fetchone()
+    return row[0] if row else None
+
+
+async def ahas_outbox_park(conn: psycopg.AsyncConnection) -> bool:
+    return (await (await conn.execute(SQL_HAS_PARK)).fetchone())[0]
+
+
+async def ainbox_exists(conn: psycopg.AsyncConnection, inbox: str) -> bool:
+    try:
+        async with conn.transaction():
+            return (await (await conn.execute(SQL_INBOX_EXISTS, [inbox])).fetchone())[0] > 0
+    except psycopg.errors.UndefinedObject:
+        return False
+
+
+def dumps(value: Any) -> str:
+    """JSON text (UUIDs and timestamps as strings); :class:`RawJson` as it is, also inside
+    a dict (an envelope carrying a raw payload)."""
+    if isinstance(value, RawJson):
+        return value
+    if isinstance(value, dict) and any(isinstance(v, RawJson) for v in value.values()):
+        return "{" + ",".join(json.dumps(str(k)) + ":" + dumps(v) for k, v in value.items()) + "}"
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def loads(value: Any) -> Any:
+    """The parsed value of :class:`RawJson`; anything else as it is."""
+    return json.loads(value) if isinstance(value, RawJson) else value
