@@ -85,8 +85,10 @@ class Numberer:
         self.thread.join(10)
         assert not self.thread.is_alive()
         wait_for(
-            lambda: not scalar(
-                self.db, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [self.pid]
+            lambda: (
+                not scalar(
+                    self.db, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [self.pid]
+                )
             ),
             what="the numberer's backend to exit",
         )
@@ -134,6 +136,7 @@ def part_of(db, key, parts):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 1: run_numberer keeps its session advisory lock after an error "
     "(cancel, statement_timeout, CALL inside a transaction block): polls then believe a "
     "numberer runs, never number inline, and delivery stops for every outbox",
@@ -154,6 +157,7 @@ def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connec
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 1b: a numberer cancelled (pg_cancel_backend / statement_timeout) keeps "
     "the lock in its session; polls stop numbering inline",
 )
@@ -170,6 +174,7 @@ def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 2: numberer liveness is a plain advisory lock (7168634, 0) that any role "
     "able to connect may take: a role with no pg_mailbox privilege stops all delivery",
 )
@@ -190,6 +195,7 @@ def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect)
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 3: with the default consumer_slot_rows (100) an idle poll transaction "
     "with a batch smaller than a slot hides the slot's remainder (rows not leased to it) "
     "from the other consumers of its group until it ends (SPEC 2.2.4)",
@@ -216,6 +222,7 @@ def test_finding3_idle_small_batch_holds_back_only_its_own_rows(box, connect):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 4: seek_offset numbers inline (_sequence_all) even while a numberer runs "
     "and then waits for an idle consumer's locked lease: the outbox's sequencer row stays "
     "locked, so numbering stops for every group of the outbox (SPEC 2.2.4)",
@@ -231,7 +238,17 @@ def test_finding4_a_seek_waiting_on_an_idle_consumer_stalls_no_other_group(numbe
     idle.commit()
     assert commit(idle, "g", "idle", 1) == 1
     idle.commit()
-    assert offsets(poll(idle, "g", "idle", batch=3)) == [2, 3, 4]
+    for _ in range(20):
+        idle.execute("SELECT mailbox.consumer_heartbeat('g', 'idle')")
+        idle.commit()
+        assert offsets(poll(idle, "g", "idle", batch=3)) == [2, 3, 4]
+        # the heartbeat was fresh, so the poll left the consumer row alone (no xmax on the
+        # version others see); else try again
+        if scalar(db, "SELECT xmax::text = '0' FROM mailbox._consumer WHERE consumer_id = 'idle'"):
+            break
+        idle.rollback()
+    else:
+        pytest.fail("the idle consumer's poll always refreshed its heartbeat")
     seeker = connect()
     seek = Bg(lambda: seeker.execute("SELECT mailbox.seek_offset('g', 'ops', 0)"))
     try:
@@ -255,6 +272,7 @@ def test_finding4_a_seek_waiting_on_an_idle_consumer_stalls_no_other_group(numbe
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 5: create_consumer_group(..., 'latest') reads a stale head when the "
     "outbox's sequencer row is locked (SKIP LOCKED returns 0 rows numbered): rows committed "
     "before the group was created are delivered to it",
@@ -270,14 +288,13 @@ def test_finding5_latest_group_skips_rows_committed_before_it(box, connect):
     busy.commit()
     publish(db, "e", 1, tag="after")
     c = timed(connect)
-    got = c.execute(
-        "SELECT payload->>'tag' FROM mailbox.poll_outbox('late', 'c', 100)"
-    ).fetchall()
+    got = c.execute("SELECT payload->>'tag' FROM mailbox.poll_outbox('late', 'c', 100)").fetchall()
     assert [r[0] for r in got] == ["after"]
 
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 6: consumer_status.in_flight and consumer_group_lag.in_flight/group_offset "
     "ignore partition leases: a partitioned consumer holding rows shows 0 in flight and the "
     "views disagree with consumer_lag()",
@@ -299,6 +316,7 @@ def test_finding6_views_agree_with_consumer_lag_on_partitioned_groups(db, connec
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 7: on an unpartitioned outbox outbox_park does not acknowledge the row: "
     "after the parking consumer crashes its lease expires and the parked row is delivered "
     "again to another consumer (SPEC 2.3: park acknowledges the row for this group)",
@@ -317,6 +335,7 @@ def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect)
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 8: the p_partitions HINT does not name the argument (every other "
     "argument check's HINT does: 'Pass p_batch_size from 1 to ...'); NULL gives 22023 where "
     "every other NULL argument gives 22004",
@@ -332,6 +351,7 @@ def test_finding8_p_partitions_errors_name_the_argument(db):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 9: mailbox.outbox_parked (SELECT granted to mailbox_consumer) lists the "
     "parked rows -- event ids and free-text reasons -- of outboxes with per-object grants "
     "to everybody, also to consumers without a consume grant",
@@ -373,6 +393,7 @@ def two_partition_keys(db, parts=2):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 10: without a numberer a partitioned poll numbers only when the group's "
     "highest partition delivered_offset is within a batch of the head: while another "
     "consumer works through a backlog of its partition, new rows of this consumer's "
@@ -475,7 +496,9 @@ def test_exactly_once_while_numberers_start_race_and_get_killed(box, connect):
     assert len(kills) >= 2
     for group in ("g", "h"):
         assert sorted(got[group]) == list(range(1, total + 1)), group
-    assert rows(db, "SELECT group_name, lag FROM mailbox.consumer_lag() GROUP BY 1, 2 ORDER BY 1") == [
+    assert rows(
+        db, "SELECT group_name, lag FROM mailbox.consumer_lag() GROUP BY 1, 2 ORDER BY 1"
+    ) == [
         ("g", 0),
         ("h", 0),
     ]
@@ -497,7 +520,9 @@ def test_rows_numbered_but_not_slotted_when_the_numberer_dies_are_delivered(box,
     hc = timed(connect)
     assert offsets(poll(hc, "h", "hc", batch=100))[:3] == [1, 2, 3]  # h was slotted
     assert (
-        scalar(db, "SELECT count(*) FROM mailbox._lease WHERE group_name = 'g' AND consumer_id IS NULL")
+        scalar(
+            db, "SELECT count(*) FROM mailbox._lease WHERE group_name = 'g' AND consumer_id IS NULL"
+        )
         == 0
     )  # no slot for g: numbered, not slotted
     n.kill()
@@ -544,14 +569,17 @@ def test_idle_after_commit_and_after_several_polls_holds_back_only_its_rows(numb
         commit(other, "g", "other", batch[-1])
     assert seen == list(range(1, 9))
     wait_for(
-        lambda: scalar(db, "SELECT group_offset FROM mailbox._consumer_group WHERE group_name = 'g'")
-        == 16,
+        lambda: (
+            scalar(db, "SELECT group_offset FROM mailbox._consumer_group WHERE group_name = 'g'")
+            == 16
+        ),
         what="the numberer to store g's offset",
     )
 
 
 @pytest.mark.xfail(
     strict=True,
+    raises=psycopg.errors.QueryCanceled,
     reason="finding 11: a consumer restarted under its id blocks behind its predecessor's "
     "open poll transaction: poll_outbox's heartbeat UPDATE (and commit_offset's FOR NO KEY "
     "UPDATE) wait for the predecessor's lock on the consumer row, not SKIP LOCKED",
@@ -587,9 +615,9 @@ def test_fencing_with_a_numberer_after_a_split_takeover(numberer, connect):
     assert any(w.startswith("lease lost") for w in notices.warnings())
     assert commit(b, "g", "b", 3) == 3
     assert poll(b, "g", "b") == []
-    assert rows(db, "SELECT group_offset, lag FROM mailbox.consumer_lag('g') WHERE consumer_id = 'b'") == [
-        (8, 0)
-    ]
+    assert rows(
+        db, "SELECT group_offset, lag FROM mailbox.consumer_lag('g') WHERE consumer_id = 'b'"
+    ) == [(8, 0)]
 
 
 def test_seek_while_a_numberer_runs_replays_exactly_once(numberer, connect):
@@ -621,7 +649,9 @@ def test_drop_group_and_outbox_while_the_numberer_runs(numberer, connect):
     c = timed(connect)
     for i in range(6):
         db.execute("SELECT mailbox.create_outbox(%s)", [f"tmp{i}"])
-        db.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [f"tg{i}", f"tmp{i}"])
+        db.execute(
+            "SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [f"tg{i}", f"tmp{i}"]
+        )
         publish(db, f"tmp{i}", 5)
         publish(db, "e", 1, tag=f"e{i}")
         wait_for(lambda i=i: head(db, f"tmp{i}") == 5, what="numbering")
@@ -661,3 +691,429 @@ def test_create_groups_while_the_numberer_runs(numberer, connect):
     assert got["new_latest"] == [(6, "after"), (7, "after")]
     assert [o for o, _ in got["new_earliest"]] == list(range(1, 8))
     assert poll(c, "new_latest", "c") == [] and poll(c, "new_earliest", "c") == []
+
+
+# ----------------------------------------------------------------- partitions (SPEC §2.3)
+
+
+def test_per_key_order_across_expiry_crashes_and_redelivery(db, connect):
+    """4 consumers of a 16-partition group with a numberer running; now and then one crashes
+    (drops its batch, reconnects under its id or a new one, its leases expire). At every
+    delivery, each earlier row of the row's key is acknowledged, earlier in the same batch,
+    or held by the same consumer: never leased to another or waiting for redelivery."""
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 16)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    n = Numberer(connect, db)
+    keys = [f"k{i}" for i in range(24)]
+    rng = random.Random(7)
+    wanted = [rng.choice(keys) for _ in range(600)]
+    for i in range(0, 600, 50):
+        publish_keys(db, "p", wanted[i : i + 50])
+    wait_for(lambda: head(db, "p") == 600, what="numbering")
+    db.execute("SELECT mailbox.create_consumer_group('map', 'p', 'earliest')")
+    key_of = dict(rows(db, "SELECT outbox_id, key FROM mailbox.poll_outbox('map', 'm', 1000)"))
+    by_key = {}
+    for o in sorted(key_of):
+        by_key.setdefault(key_of[o], []).append(o)
+    lock = threading.Lock()
+    acked, held = set(), {}
+    violations, errors, crashes = [], [], []
+    stop = threading.Event()
+
+    def check(name, batch):
+        mine = held.setdefault(name, set())
+        seen = set()
+        for o, k, _ in batch:
+            assert k == key_of[o]
+            for earlier in by_key[k]:
+                if earlier >= o:
+                    break
+                if earlier not in acked and earlier not in seen and earlier not in mine:
+                    violations.append((name, o, earlier))
+            seen.add(o)
+        mine.update(seen)
+
+    def consume(i):
+        name = f"c{i}"
+        conn = connect()
+        try:
+            while not stop.is_set():
+                with lock:
+                    batch = ppoll(conn, "pg", name, batch=rng.choice([1, 5, 20]), visibility=1)
+                    check(name, batch)
+                if not batch:
+                    time.sleep(0.01)
+                    continue
+                if rng.random() < 0.08:  # crash: nothing committed
+                    crashes.append(name)
+                    conn.close()
+                    with lock:
+                        held.pop(name, None)
+                    time.sleep(rng.choice([0.05, 1.1]))
+                    if rng.random() < 0.3:
+                        name = f"c{i}-{rng.randrange(1000)}"
+                    conn = connect()
+                    continue
+                with lock:
+                    commit(conn, "pg", name, batch[-1][0])
+                    acked.update(o for o, _, _ in batch if o in held.get(name, ()))
+                    held[name].difference_update(o for o, _, _ in batch)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not errors:
+        with lock:
+            if len(acked) == 600:
+                break
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(20)
+    n.kill()
+    assert not errors, errors
+    assert not violations, violations[:5]
+    assert acked == set(range(1, 601))
+    assert len(crashes) >= 2
+    assert rows(db, "SELECT DISTINCT lag FROM mailbox.consumer_lag('pg')") == [(0,)]
+
+
+def test_park_unpark_survives_retention(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', 0, NULL, 4)")  # retention: as soon as allowed
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    publish_keys(db, "p", ["a", "a", "a", "b"])
+    c = timed(connect)
+    got = ppoll(c, "pg", "c", batch=10)
+    assert [(o, k) for o, k, _ in got] == [(1, "a"), (2, "a"), (3, "a"), (4, "b")]
+    first = rows(c, "SELECT event_id, payload FROM mailbox.poll_outbox('pg', 'c', 1)")[0]
+    c.execute("SELECT mailbox.outbox_park('pg', 'c', 1, 'poison')")
+    commit(c, "pg", "c", 4)  # its count: finding 12
+    assert rows(db, 'SELECT "group", outbox_id, partition, reason FROM mailbox.outbox_parked') == [
+        ("pg", 1, part_of(db, "a", 4), "poison")
+    ]
+    assert scalar(db, "SELECT lag FROM mailbox.consumer_lag('pg')") == 0
+    assert scalar(db, "SELECT mailbox.run_maintenance()->>'outbox_rows_drained'") == "4"
+    assert scalar(db, "SELECT count(*) FROM mailbox.outbox_p") == 0
+    assert ppoll(c, "pg", "c") == []
+    c.execute("SELECT mailbox.outbox_unpark('pg', 1)")
+    again = rows(
+        c, "SELECT outbox_id, event_id, payload, key, partition FROM mailbox.poll_outbox('pg', 'c')"
+    )
+    assert again == [(1, first[0], first[1], "a", part_of(db, "a", 4))]
+    assert rows(db, "SELECT * FROM mailbox.outbox_parked") == []  # unparked: not listed
+    assert commit(c, "pg", "c", 1) == 1
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_parked") == 0
+    assert ppoll(c, "pg", "c") == []
+    with raises("42704"):
+        c.execute("SELECT mailbox.outbox_unpark('pg', 1)")
+    with raises("55000"):  # a row this consumer does not hold
+        c.execute("SELECT mailbox.outbox_park('pg', 'c', 2, 'x')")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="finding 12: commit_offset counts a row the consumer parked (already acknowledged "
+    "by outbox_park) again: the returned count exceeds the rows this commit acknowledged",
+)
+def test_finding12_commit_after_park_counts_only_what_it_acknowledges(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    publish_keys(db, "p", ["a", "a", "a"])
+    c = timed(connect)
+    assert [o for o, _, _ in ppoll(c, "pg", "c")] == [1, 2, 3]
+    c.execute("SELECT mailbox.outbox_park('pg', 'c', 2, 'poison')")
+    assert commit(c, "pg", "c", 3) == 2
+
+
+def held_partitions(db, group="pg"):
+    return dict(
+        rows(
+            db,
+            "SELECT consumer_id, partitions FROM mailbox.consumer_status WHERE group_name = %s",
+            [group],
+        )
+    )
+
+
+def test_rebalance_when_consumers_join_and_leave(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 8)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    keys = [f"k{i}" for i in range(40)]
+    publish_keys(db, "p", keys)
+    a, b = timed(connect), timed(connect)
+    got_a = ppoll(a, "pg", "a", batch=100, visibility=1)
+    assert len(got_a) == 40  # alone: every partition
+    assert held_partitions(db) == {"a": list(range(8))}
+    assert ppoll(b, "pg", "b", batch=100, visibility=1) == []  # a's leases are live
+    commit(a, "pg", "a", got_a[-1][0])
+    assert ppoll(a, "pg", "a", visibility=1) == []  # a gives up its extra partitions
+    assert ppoll(b, "pg", "b", visibility=1) == []  # b takes them (nothing new yet)
+    held = held_partitions(db)
+    assert sorted(held["a"] + held["b"]) == list(range(8)) and len(held["b"]) == 4
+    publish_keys(db, "p", keys)
+    ga = ppoll(a, "pg", "a", batch=100, visibility=1)
+    gb = ppoll(b, "pg", "b", batch=100, visibility=1)
+    assert {p for _, _, p in ga} <= set(held["a"]) and {p for _, _, p in gb} <= set(held["b"])
+    assert sorted(o for o, _, _ in ga + gb) == list(range(41, 81))
+    commit(b, "pg", "b", gb[-1][0])
+    # a leaves without a word (its rows in flight); after its visibility b holds everything
+    time.sleep(1.2)
+    again = ppoll(b, "pg", "b", batch=100, visibility=1)
+    assert sorted(o for o, _, _ in again) == sorted(o for o, _, _ in ga)  # a's rows, again
+    assert held_partitions(db)["b"] == list(range(8))
+    assert commit(b, "pg", "b", 80) == len(ga)
+    assert rows(db, "SELECT DISTINCT lag FROM mailbox.consumer_lag('pg')") == [(0,)]
+
+
+def test_one_partition_is_an_unpartitioned_outbox(db, connect):
+    db.execute("SELECT mailbox.create_outbox('one', p_partitions => 1)")
+    db.execute("SELECT mailbox.create_consumer_group('og', 'one', 'earliest')")
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_partitioning") == 0
+    publish_keys(db, "one", ["a", "b", "a", "c", "a", "b"])
+    a, b = timed(connect), timed(connect)
+    ga, gb = ppoll(a, "og", "a", batch=2), ppoll(b, "og", "b", batch=2)
+    assert [(o, p) for o, _, p in ga] == [(1, 0), (2, 0)]
+    assert [(o, p) for o, _, p in gb] == [(3, 0), (4, 0)]  # competition, not key affinity
+    assert ppoll(a, "og", "a", batch=2) == ga  # one batch in flight per id, as in §2.2
+    assert commit(b, "og", "b", 4) == 2
+    assert commit(a, "og", "a", 2) == 2
+    assert rows(db, "SELECT * FROM mailbox.consumer_partition_lag") == []
+    assert rows(db, "SELECT partitions FROM mailbox.consumer_status") == [([],), ([],)]
+    assert scalar(db, "SELECT lag FROM mailbox.consumer_group_lag") == 2
+
+
+def test_p_partitions_validation_on_create_and_enable(db):
+    db.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    for bad in (0, -1, 257, 2**31 - 1):
+        with raises("22023"):
+            db.execute("SELECT mailbox.create_outbox('bad', p_partitions => %s)", [bad])
+        with raises("22023"):
+            db.execute("SELECT mailbox.enable_outbox('public.t', p_partitions => %s)", [bad])
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox") == 0  # nothing half-made
+    db.execute("SELECT mailbox.create_outbox('max', p_partitions => 256)")
+    db.execute("SELECT mailbox.create_consumer_group('mg', 'max', 'earliest')")
+    assert (
+        scalar(db, "SELECT count(*) FROM mailbox._partition_lease WHERE group_name = 'mg'") == 256
+    )
+
+
+def test_idle_partitioned_consumer_after_commit_holds_back_only_its_partitions(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 2)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    db.execute("SELECT mailbox.create_consumer_group('ph', 'p', 'earliest')")
+    n = Numberer(connect, db)
+    try:
+        k0, k1 = two_partition_keys(db)
+        idle, other = connect(autocommit=False), timed(connect)
+        assert ppoll(idle, "pg", "idle") == []
+        idle.commit()
+        assert ppoll(other, "pg", "other") == []
+        assert ppoll(idle, "pg", "idle") == []
+        idle.commit()  # idle gave up one partition
+        assert ppoll(other, "pg", "other") == []  # other took it
+        mine = held_partitions(db)["idle"]
+        k_idle, k_other = (k0, k1) if mine == [0] else (k1, k0)
+        publish_keys(db, "p", [k_idle, k_other, k_idle, k_other])
+        wait_for(lambda: head(db, "p") == 4, what="numbering")
+        got = ppoll(idle, "pg", "idle")
+        assert [k for _, k, _ in got] == [k_idle, k_idle]
+        commit(idle, "pg", "idle", got[-1][0])  # same transaction, still open
+        assert ppoll(idle, "pg", "idle") == []
+        # idles now, holding its partition row and g's row; everyone else goes on
+        got = ppoll(other, "pg", "other")
+        assert [k for _, k, _ in got] == [k_other, k_other]
+        assert commit(other, "pg", "other", got[-1][0]) == 2
+        h = timed(connect)
+        assert len(ppoll(h, "ph", "h")) == 4
+        assert commit(h, "ph", "h", 4) == 4
+        publish_keys(db, "p", [k_other, k_idle])
+        wait_for(lambda: head(db, "p") == 6, what="numbering while idle")
+        assert [k for _, k, _ in ppoll(other, "pg", "other")] == [k_other]
+        assert [k for _, k, _ in ppoll(h, "ph", "h")] == [k_other, k_idle]
+        idle.commit()
+        assert [o for o, _, _ in ppoll(idle, "pg", "idle")] == [6]
+    finally:
+        n.kill()
+
+
+def test_lag_views_are_consistent_and_never_negative(db, connect):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    n = Numberer(connect, db, slot_rows=3)
+    rng = random.Random(3)
+    conns = {name: timed(connect) for name in ("a", "b", "c")}
+    for name, conn in conns.items():
+        poll(conn, "g", name)
+        ppoll(conn, "pg", name)
+    try:
+        for step in range(40):
+            action = rng.choice(["publish", "poll", "commit", "seek"] if step % 13 else ["seek"])
+            name = rng.choice(list(conns))
+            conn = conns[name]
+            if action == "publish":
+                publish(db, "e", rng.randint(1, 5))
+                publish_keys(db, "p", [f"k{rng.randint(0, 9)}" for _ in range(rng.randint(1, 5))])
+                time.sleep(0.03)
+            elif action == "poll":
+                poll(conn, "g", name, batch=rng.randint(1, 6))
+                ppoll(conn, "pg", name, batch=rng.randint(1, 6))
+            elif action == "commit":
+                commit(conn, "g", name, rng.randint(0, 60))
+                commit(conn, "pg", name, rng.randint(0, 60))
+            else:
+                conn.execute("SELECT mailbox.seek_offset('g', %s, %s)", [name, rng.randint(0, 10)])
+            lag = rows(
+                db,
+                "SELECT group_name, consumer_id, group_offset, head_offset, lag, in_flight"
+                " FROM mailbox.consumer_lag() WHERE consumer_id IS NOT NULL",
+            )
+            for group, consumer, offset, head_offset, lag_rows, in_flight in lag:
+                assert lag_rows >= 0 and in_flight >= 0 and lag_rows == head_offset - offset
+                if group == "g":
+                    assert in_flight == scalar(
+                        db,
+                        "SELECT in_flight FROM mailbox.consumer_status"
+                        " WHERE group_name = 'g' AND consumer_id = %s",
+                        [consumer],
+                    )
+                else:
+                    assert in_flight == scalar(
+                        db,
+                        "SELECT coalesce(sum(in_flight), 0) FROM mailbox.consumer_partition_lag"
+                        " WHERE group_name = 'pg' AND consumer_id = %s AND leased",
+                        [consumer],
+                    )
+            assert scalar(db, "SELECT count(*) FROM mailbox.consumer_group_lag WHERE lag < 0") == 0
+            assert (
+                scalar(
+                    db,
+                    "SELECT count(*) FROM mailbox.consumer_partition_lag"
+                    " WHERE lag < 0 OR in_flight < 0",
+                )
+                == 0
+            )
+            assert (
+                scalar(
+                    db,
+                    "SELECT count(*) FROM mailbox.consumer_partition_lag WHERE in_flight > lag",
+                )
+                == 0
+            )
+    finally:
+        n.kill()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="finding 13: an expired partition lease is not taken over by a consumer already "
+    "at its fair share while the holder still counts as live (heartbeat younger than the "
+    "poller's visibility): the holder's rows are not delivered again after expiry (SPEC "
+    "2.2.2, 2.3)",
+)
+def test_finding13_an_expired_partition_lease_is_delivered_again(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 2)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    k0, k1 = two_partition_keys(db)
+    a, b = timed(connect), timed(connect)
+    assert ppoll(a, "pg", "a") == []
+    assert ppoll(b, "pg", "b") == []
+    assert ppoll(a, "pg", "a") == []  # a gives up one partition
+    assert ppoll(b, "pg", "b") == []  # b takes it: one each
+    publish_keys(db, "p", [k0, k1])
+    got_a = ppoll(a, "pg", "a", visibility=1)
+    assert len(got_a) == 1
+    # a's worker hangs; its heartbeat thread goes on (or it just committed something else)
+    deadline = time.monotonic() + 1.3
+    while time.monotonic() < deadline:
+        a.execute("SELECT mailbox.consumer_heartbeat('pg', 'a')")
+        time.sleep(0.1)
+    got_b = ppoll(b, "pg", "b", batch=10, visibility=30)
+    assert got_a[0] in got_b  # a's lease expired: its row is delivered again
+
+
+# -------------------------------------------------------------------------------- security
+
+
+def test_numberer_and_park_privileges(db):
+    def can(role, sig):
+        return scalar(db, "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, sig])
+
+    nobody = make_role(db)
+    try:
+        for sig in (
+            "mailbox.run_numberer(int)",
+            "mailbox.schedule_numberer()",
+            "mailbox.unschedule_numberer()",
+            "mailbox._numberer_pass()",
+            "mailbox._numberer_start(int)",
+            "mailbox.outbox_park(text, text, bigint, text)",
+            "mailbox.outbox_unpark(text, bigint)",
+        ):
+            assert not can(nobody, sig), sig
+            assert not scalar(
+                db,
+                "SELECT bool_or(a.grantee = 0) FROM pg_proc p, aclexplode(p.proacl) a"
+                " WHERE p.oid = %s::regprocedure AND a.privilege_type = 'EXECUTE'",
+                [sig],
+            ), f"{sig} executable by PUBLIC"
+        for sig in ("mailbox.run_numberer(int)", "mailbox.schedule_numberer()"):
+            assert can("mailbox_admin", sig)
+            assert not can("mailbox_consumer", sig) and not can("mailbox_producer", sig)
+        assert can("mailbox_consumer", "mailbox.outbox_park(text, text, bigint, text)")
+        assert not can("mailbox_producer", "mailbox.outbox_park(text, text, bigint, text)")
+    finally:
+        drop_role(db, nobody)
+
+
+def test_a_consumer_cannot_run_the_numberer_nor_touch_a_granted_group(db, connect):
+    team = make_role(db)
+    stranger = make_role(db, "mailbox_consumer", "mailbox_producer")
+    try:
+        db.execute("SELECT mailbox.create_outbox('secret', p_partitions => 2)")
+        db.execute("SELECT mailbox.create_consumer_group('sg', 'secret', 'earliest')")
+        db.execute("SELECT mailbox.create_outbox('plain')")
+        db.execute("SELECT mailbox.create_consumer_group('plg', 'plain', 'earliest')")
+        for box in ("secret", "plain"):
+            db.execute("SELECT mailbox.grant_outbox(%s, %s, 'consume')", [box, team])
+        publish_keys(db, "secret", ["a", "b"])
+        publish(db, "plain", 2)
+        assert len(ppoll(db, "sg", "owner", visibility=1)) == 2
+        assert len(poll(db, "plg", "owner", visibility=1)) == 2
+        db.execute("SELECT mailbox.outbox_park('sg', 'owner', 1, 'x')")
+        s = connect()
+        s.execute(f'SET ROLE "{stranger}"')
+        with raises("42501"):
+            s.execute("CALL mailbox.run_numberer(1)")
+        with raises("42501"):
+            s.execute("SELECT mailbox._numberer_pass()")
+        with raises("42501"):
+            s.execute("SELECT mailbox.schedule_numberer()")
+        time.sleep(1.1)  # the owner's leases expired: a takeover would hand them out
+        for group in ("sg", "plg"):
+            for stmt, args in (
+                ("SELECT * FROM mailbox.poll_outbox(%s, 'owner')", [group]),
+                ("SELECT mailbox.commit_offset(%s, 'owner', 2)", [group]),
+                ("SELECT mailbox.outbox_park(%s, 'owner', 2, 'x')", [group]),
+                ("SELECT mailbox.outbox_unpark(%s, 1)", [group]),
+                ("SELECT mailbox.seek_offset(%s, 'owner', 0)", [group]),
+                ("SELECT * FROM mailbox.consumer_lag(%s)", [group]),
+            ):
+                with raises("42501"):
+                    s.execute(stmt, args)
+        assert rows(s, "SELECT * FROM mailbox.consumer_lag()") == []
+        s.execute("RESET ROLE")
+        # nothing the stranger did moved anything
+        assert rows(db, "SELECT outbox_id FROM mailbox.outbox_parked") == [(1,)]
+        assert [o for o, _, _ in ppoll(db, "sg", "owner")] == [2]
+        assert offsets(poll(db, "plg", "owner")) == [1, 2]
+        s.close()
+    finally:
+        drop_role(db, stranger)
+        drop_role(db, team)
