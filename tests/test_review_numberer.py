@@ -449,10 +449,13 @@ def test_exactly_once_while_numberers_start_race_and_get_killed(box, connect):
             errors.append(exc)
 
     def consume(group, name):
+        # the documented loop: the poll commits before the batch is processed (poll and
+        # commit_offset in one transaction deadlock when the numberer stops: finding 14)
         conn = connect(autocommit=False)
         try:
             while not stop.is_set():
                 batch = offsets(poll(conn, group, name, batch=random.choice([1, 3, 7, 20])))
+                conn.commit()
                 if batch:
                     with lock:
                         got[group].extend(batch)
@@ -492,7 +495,7 @@ def test_exactly_once_while_numberers_start_race_and_get_killed(box, connect):
     stop.set()
     for t in threads:
         t.join(20)
-    assert not errors, errors
+    assert not errors, [str(e) for e in errors]
     assert len(kills) >= 2
     for group in ("g", "h"):
         assert sorted(got[group]) == list(range(1, total + 1)), group
@@ -1117,3 +1120,58 @@ def test_a_consumer_cannot_run_the_numberer_nor_touch_a_granted_group(db, connec
     finally:
         drop_role(db, stranger)
         drop_role(db, team)
+
+
+def test_the_numberer_runs_as_a_plain_mailbox_admin(box, connect):
+    db = box
+    admin = make_role(db, "mailbox_admin")
+    try:
+        conn = connect()
+        conn.execute(f'SET ROLE "{admin}"')
+        n = Numberer.__new__(Numberer)
+        n.db, n.conn, n.pid, n.error = db, conn, conn.info.backend_pid, None
+        n.notices = Notices(conn)
+        n.thread = threading.Thread(target=n._run, args=(30,), daemon=True)
+        n.thread.start()
+        wait_for(n._holds_lock, what="the admin's numberer to start")
+        publish(db, "e", 3)
+        wait_for(lambda: head(db) == 3, what="numbering by the admin's numberer")
+        c = timed(connect)
+        assert offsets(poll(c, "g", "c")) == [1, 2, 3]
+        assert n.error is None and n.thread.is_alive()
+        n.kill()
+    finally:
+        drop_role(db, admin)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=psycopg.errors.DeadlockDetected,
+    reason="finding 14: two consumers that poll and commit_offset in one transaction "
+    "deadlock when the numberer stops in between: each poll's split lease INSERT holds a "
+    "KEY SHARE lock on the group row (foreign key), and each inline-mode commit_offset then "
+    "asks for FOR UPDATE on it; the victim's poll rolls back, so rows it already handed to "
+    "the application are delivered again without any lease expiring (SPEC 2.2.7)",
+)
+def test_finding14_numberer_stopping_between_poll_and_commit_deadlocks_no_one(box, connect):
+    db = box
+    n = Numberer(connect, db, slot_rows=2)
+    publish(db, "e", 4)
+    wait_for(
+        lambda: scalar(db, "SELECT count(*) FROM mailbox._lease WHERE group_name = 'g'") == 2,
+        what="slots",
+    )
+    a, b = connect(autocommit=False), connect(autocommit=False)
+    assert offsets(poll(a, "g", "a", batch=1)) == [1]  # splits slot 1..2
+    assert offsets(poll(b, "g", "b", batch=1)) == [3]  # splits slot 3..4
+    n.kill()  # its run ends (run_numberer(59) from pg_cron ends every minute)
+    first = Bg(lambda: commit(a, "g", "a", 1))
+    assert wait_blocked(db, a, first)
+    try:
+        assert commit(b, "g", "b", 3) == 1
+        b.commit()
+        assert first.result() == 1
+        a.commit()
+    finally:
+        a.rollback()
+        b.rollback()
