@@ -1175,3 +1175,48 @@ def test_finding14_numberer_stopping_between_poll_and_commit_deadlocks_no_one(bo
     finally:
         a.rollback()
         b.rollback()
+
+
+def test_long_producer_and_idle_sessions_delay_only_their_own_rows_with_a_numberer(
+    numberer, connect
+):
+    db = numberer.db
+    bystander = connect(autocommit=False)
+    bystander.execute("SELECT txid_current()")  # idle in transaction, never wrote to an outbox
+    slow = connect(autocommit=False)
+    publish(slow, "e", 1, tag="slow")  # its transaction stays open
+    publish(db, "e", 3, tag="fast")
+    wait_for(lambda: head(db) == 3, what="numbering past the open producer")
+    c = timed(connect)
+    got = poll(c, "g", "c", batch=100)
+    assert [(o, p["tag"]) for o, p in got] == [(1, "fast"), (2, "fast"), (3, "fast")]
+    assert commit(c, "g", "c", 3) == 3
+    slow.commit()  # late: it still gets an offset, after the others
+    wait_for(lambda: head(db) == 4, what="numbering of the late row")
+    deadline = time.monotonic() + 5
+    late = []
+    while not late and time.monotonic() < deadline:
+        late = poll(c, "g", "c")
+    assert [(o, p["tag"]) for o, p in late] == [(4, "slow")]
+    assert commit(c, "g", "c", 4) == 1
+    bystander.rollback()
+
+
+def test_park_unpark_after_retention_on_one_partition(db, connect):
+    db.execute("SELECT mailbox.create_outbox('one', 0)")
+    db.execute("SELECT mailbox.create_consumer_group('og', 'one', 'earliest')")
+    publish(db, "one", 3)
+    c = timed(connect)
+    got = rows(c, "SELECT outbox_id, event_id, payload FROM mailbox.poll_outbox('og', 'c', 10)")
+    assert [r[0] for r in got] == [1, 2, 3]
+    c.execute("SELECT mailbox.outbox_park('og', 'c', 2, 'poison')")
+    commit(c, "og", "c", 3)
+    assert scalar(db, "SELECT mailbox.run_maintenance()->>'outbox_rows_drained'") == "3"
+    assert rows(db, "SELECT outbox_id, reason FROM mailbox.outbox_parked") == [(2, "poison")]
+    assert poll(c, "og", "c") == []
+    c.execute("SELECT mailbox.outbox_unpark('og', 2)")
+    again = rows(c, "SELECT outbox_id, event_id, payload FROM mailbox.poll_outbox('og', 'c', 10)")
+    assert again == [got[1]]
+    assert commit(c, "og", "c", 2) == 1
+    assert scalar(db, "SELECT count(*) FROM mailbox._outbox_parked") == 0
+    assert poll(c, "og", "c") == []
