@@ -1220,3 +1220,23 @@ def test_park_unpark_after_retention_on_one_partition(db, connect):
     assert commit(c, "og", "c", 2) == 1
     assert scalar(db, "SELECT count(*) FROM mailbox._outbox_parked") == 0
     assert poll(c, "og", "c") == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="finding 15: SPEC 2.2.4 holds only while a numberer runs, and nothing starts one "
+    "(the relay and CLI do not call run_numberer yet): on a plain install an open poll "
+    "transaction holds the outbox's sequencer and every other group stops receiving new rows",
+)
+def test_finding15_without_a_numberer_an_idle_poll_stalls_no_other_group(box, connect):
+    db = box
+    publish(db, "e", 2)
+    idle = connect(autocommit=False)  # psycopg's default: poll, work, commit
+    assert offsets(poll(idle, "g", "idle", batch=10)) == [1, 2]
+    try:
+        publish(db, "e", 3)  # committed while the consumer of g works
+        h = timed(connect)
+        assert offsets(poll(h, "h", "hc", batch=10)) == [1, 2, 3, 4, 5]
+    finally:
+        idle.rollback()
