@@ -131,13 +131,24 @@ def part_of(db, key, parts):
     return scalar(db, "SELECT (abs(hashtext(coalesce(%s, ''))::bigint) %% %s)::int", [key, parts])
 
 
+def finding(reason, raises=AssertionError):
+    """A pinned bug: the test states what SPEC requires and fails, with this exception,
+    until the bug is fixed (then strict xfail turns it red so the mark goes)."""
+    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
+
+
+def assert_new_rows_delivered(db, connect):
+    """Three rows published now reach a consumer of g (numbered inline or by a numberer)."""
+    publish(db, "e", 3)
+    c = timed(connect)
+    assert offsets(poll(c, "g", "c")) == [1, 2, 3]
+
+
 # ============================================================ findings (pinned bugs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 1: run_numberer keeps its session advisory lock after an error "
+@finding(
+    "finding 1: run_numberer keeps its session advisory lock after an error "
     "(cancel, statement_timeout, CALL inside a transaction block): polls then believe a "
     "numberer runs, never number inline, and delivery stops for every outbox",
 )
@@ -150,15 +161,11 @@ def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connec
         admin.execute("CALL mailbox.run_numberer(5)")
     admin.rollback()
     # the session lives on (a pooled connection, a relay that logs and retries later)
-    publish(db, "e", 3)
-    c = timed(connect)
-    assert offsets(poll(c, "g", "c")) == [1, 2, 3]
+    assert_new_rows_delivered(db, connect)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 1b: a numberer cancelled (pg_cancel_backend / statement_timeout) keeps "
+@finding(
+    "finding 1b: a numberer cancelled (pg_cancel_backend / statement_timeout) keeps "
     "the lock in its session; polls stop numbering inline",
 )
 def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
@@ -167,15 +174,11 @@ def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
     n.conn.cancel()  # what G's own test fixture does to stop it
     n.thread.join(10)
     assert not n.thread.is_alive()
-    publish(db, "e", 3)
-    c = timed(connect)
-    assert offsets(poll(c, "g", "c")) == [1, 2, 3]
+    assert_new_rows_delivered(db, connect)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 2: numberer liveness is a plain advisory lock (7168634, 0) that any role "
+@finding(
+    "finding 2: numberer liveness is a plain advisory lock (7168634, 0) that any role "
     "able to connect may take: a role with no pg_mailbox privilege stops all delivery",
 )
 def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect):
@@ -185,18 +188,14 @@ def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect)
         attacker = connect()
         attacker.execute(f'SET ROLE "{nobody}"')
         attacker.execute("SELECT pg_advisory_lock(7168634, 0)")
-        publish(db, "e", 3)
-        c = timed(connect)
-        assert offsets(poll(c, "g", "c")) == [1, 2, 3]
+        assert_new_rows_delivered(db, connect)
     finally:
         attacker.close()
         drop_role(db, nobody)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 3: with the default consumer_slot_rows (100) an idle poll transaction "
+@finding(
+    "finding 3: with the default consumer_slot_rows (100) an idle poll transaction "
     "with a batch smaller than a slot hides the slot's remainder (rows not leased to it) "
     "from the other consumers of its group until it ends (SPEC 2.2.4)",
 )
@@ -220,10 +219,8 @@ def test_finding3_idle_small_batch_holds_back_only_its_own_rows(box, connect):
         n.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 4: seek_offset numbers inline (_sequence_all) even while a numberer runs "
+@finding(
+    "finding 4: seek_offset numbers inline (_sequence_all) even while a numberer runs "
     "and then waits for an idle consumer's locked lease: the outbox's sequencer row stays "
     "locked, so numbering stops for every group of the outbox (SPEC 2.2.4)",
 )
@@ -270,10 +267,8 @@ def test_finding4_a_seek_waiting_on_an_idle_consumer_stalls_no_other_group(numbe
         seek.result()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 5: create_consumer_group(..., 'latest') reads a stale head when the "
+@finding(
+    "finding 5: create_consumer_group(..., 'latest') reads a stale head when the "
     "outbox's sequencer row is locked (SKIP LOCKED returns 0 rows numbered): rows committed "
     "before the group was created are delivered to it",
 )
@@ -292,10 +287,8 @@ def test_finding5_latest_group_skips_rows_committed_before_it(box, connect):
     assert [r[0] for r in got] == ["after"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 6: consumer_status.in_flight and consumer_group_lag.in_flight/group_offset "
+@finding(
+    "finding 6: consumer_status.in_flight and consumer_group_lag.in_flight/group_offset "
     "ignore partition leases: a partitioned consumer holding rows shows 0 in flight and the "
     "views disagree with consumer_lag()",
 )
@@ -314,10 +307,8 @@ def test_finding6_views_agree_with_consumer_lag_on_partitioned_groups(db, connec
     assert group == [(0, 12, 5)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 7: on an unpartitioned outbox outbox_park does not acknowledge the row: "
+@finding(
+    "finding 7: on an unpartitioned outbox outbox_park does not acknowledge the row: "
     "after the parking consumer crashes its lease expires and the parked row is delivered "
     "again to another consumer (SPEC 2.3: park acknowledges the row for this group)",
 )
@@ -333,10 +324,8 @@ def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect)
     assert offsets(poll(b, "g", "b", batch=10)) == [1, 3]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 8: the p_partitions HINT does not name the argument (every other "
+@finding(
+    "finding 8: the p_partitions HINT does not name the argument (every other "
     "argument check's HINT does: 'Pass p_batch_size from 1 to ...'); NULL gives 22023 where "
     "every other NULL argument gives 22004",
 )
@@ -349,10 +338,8 @@ def test_finding8_p_partitions_errors_name_the_argument(db):
         db.execute("SELECT mailbox.create_outbox('bad', p_partitions => NULL)")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 9: mailbox.outbox_parked (SELECT granted to mailbox_consumer) lists the "
+@finding(
+    "finding 9: mailbox.outbox_parked (SELECT granted to mailbox_consumer) lists the "
     "parked rows -- event ids and free-text reasons -- of outboxes with per-object grants "
     "to everybody, also to consumers without a consume grant",
 )
@@ -391,10 +378,8 @@ def two_partition_keys(db, parts=2):
     return found[0], found[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 10: without a numberer a partitioned poll numbers only when the group's "
+@finding(
+    "finding 10: without a numberer a partitioned poll numbers only when the group's "
     "highest partition delivered_offset is within a batch of the head: while another "
     "consumer works through a backlog of its partition, new rows of this consumer's "
     "partition are never numbered, so it waits for the other partition (SPEC 2.3)",
@@ -580,12 +565,11 @@ def test_idle_after_commit_and_after_several_polls_holds_back_only_its_rows(numb
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.QueryCanceled,
-    reason="finding 11: a consumer restarted under its id blocks behind its predecessor's "
+@finding(
+    "finding 11: a consumer restarted under its id blocks behind its predecessor's "
     "open poll transaction: poll_outbox's heartbeat UPDATE (and commit_offset's FOR NO KEY "
     "UPDATE) wait for the predecessor's lock on the consumer row, not SKIP LOCKED",
+    raises=psycopg.errors.QueryCanceled,
 )
 def test_finding11_restart_while_the_predecessors_poll_transaction_is_open(numberer, connect):
     db = numberer.db
@@ -816,11 +800,10 @@ def test_park_unpark_survives_retention(db, connect):
         c.execute("SELECT mailbox.outbox_park('pg', 'c', 2, 'x')")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 12: commit_offset counts a row the consumer parked (already acknowledged "
-    "by outbox_park) again: the returned count exceeds the rows this commit acknowledged",
+@finding(
+    "finding 12: commit_offset counts parked rows (already acknowledged by outbox_park) "
+    "again -- also a row another consumer parked that this one never received (partitioned "
+    "takeover): the returned count exceeds the rows this commit acknowledged",
 )
 def test_finding12_commit_after_park_counts_only_what_it_acknowledges(db, connect):
     db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
@@ -1012,10 +995,8 @@ def test_lag_views_are_consistent_and_never_negative(db, connect):
         n.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 13: an expired partition lease is not taken over by a consumer already "
+@finding(
+    "finding 13: an expired partition lease is not taken over by a consumer already "
     "at its fair share while the holder still counts as live (heartbeat younger than the "
     "poller's visibility): the holder's rows are not delivered again after expiry (SPEC "
     "2.2.2, 2.3)",
@@ -1144,14 +1125,13 @@ def test_the_numberer_runs_as_a_plain_mailbox_admin(box, connect):
         drop_role(db, admin)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.DeadlockDetected,
-    reason="finding 14: two consumers that poll and commit_offset in one transaction "
+@finding(
+    "finding 14: two consumers that poll and commit_offset in one transaction "
     "deadlock when the numberer stops in between: each poll's split lease INSERT holds a "
     "KEY SHARE lock on the group row (foreign key), and each inline-mode commit_offset then "
     "asks for FOR UPDATE on it; the victim's poll rolls back, so rows it already handed to "
     "the application are delivered again without any lease expiring (SPEC 2.2.7)",
+    raises=psycopg.errors.DeadlockDetected,
 )
 def test_finding14_numberer_stopping_between_poll_and_commit_deadlocks_no_one(box, connect):
     db = box
@@ -1222,10 +1202,8 @@ def test_park_unpark_after_retention_on_one_partition(db, connect):
     assert poll(c, "og", "c") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 15: SPEC 2.2.4 holds only while a numberer runs, and nothing starts one "
+@finding(
+    "finding 15: SPEC 2.2.4 holds only while a numberer runs, and nothing starts one "
     "(the relay and CLI do not call run_numberer yet): on a plain install an open poll "
     "transaction holds the outbox's sequencer and every other group stops receiving new rows",
 )
@@ -1240,3 +1218,19 @@ def test_finding15_without_a_numberer_an_idle_poll_stalls_no_other_group(box, co
         assert offsets(poll(h, "h", "hc", batch=10)) == [1, 2, 3, 4, 5]
     finally:
         idle.rollback()
+
+
+def test_a_parked_row_is_not_redelivered_after_a_crash_partitioned(db, connect):
+    db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
+    db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
+    publish_keys(db, "p", ["a", "a", "a"])
+    a = connect()
+    assert [o for o, _, _ in ppoll(a, "pg", "a", visibility=1)] == [1, 2, 3]
+    a.execute("SELECT mailbox.outbox_park('pg', 'a', 2, 'poison')")
+    a.close()  # crashes before committing 1 and 3
+    time.sleep(1.2)
+    b = timed(connect)
+    assert [o for o, _, _ in ppoll(b, "pg", "b")] == [1, 3]
+    commit(b, "pg", "b", 3)  # returns 3, counting a's parked row 2: finding 12
+    assert rows(db, "SELECT outbox_id FROM mailbox.outbox_parked") == [(2,)]
+    assert scalar(db, "SELECT lag FROM mailbox.consumer_lag('pg')") == 0
