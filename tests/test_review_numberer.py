@@ -415,7 +415,7 @@ def test_exactly_once_while_numberers_start_race_and_get_killed(box, connect):
     """3 + 2 consumers in psycopg's default mode, 2 producers, and a chaos thread that starts
     two numberers at once (one must win, the other return at once), kills the winner with
     pg_terminate_backend at random points, and runs without one for a while. No lease
-    expires: every row exactly once per group, and the loser never numbers."""
+    expires: every row exactly once per group."""
     db = box
     total = 2 * 30 * 10
     stop = threading.Event()
