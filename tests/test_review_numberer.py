@@ -413,7 +413,7 @@ def test_finding10_partitions_do_not_wait_for_each_other_without_a_numberer(db, 
 
 def test_exactly_once_while_numberers_start_race_and_get_killed(box, connect):
     """3 + 2 consumers in psycopg's default mode, 2 producers, and a chaos thread that starts
-    two numberers at once (one must win, the other return at once), kills the winner with
+    two numberers at once (one holds the lock, the other waits for it), kills both with
     pg_terminate_backend at random points, and runs without one for a while. No lease
     expires: every row exactly once per group."""
     db = box
