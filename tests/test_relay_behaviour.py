@@ -371,3 +371,41 @@ def test_sigterm_finishes_the_batch_in_hand_and_commits_it(db, dsn, tmp_path):
     finally:
         p.kill()
         rec.close()
+
+
+def test_http_4xx_park_parks_it_and_the_other_keys_flow(db, dsn):
+    """--on-poison park (SPEC §5.2, §2.3): the poison event is parked with outbox_park, the
+    relay goes on, rows of other keys are delivered, and outbox_unpark delivers it again."""
+    db.execute("SELECT mailbox.create_outbox('e', p_partitions => 4)")
+    db.execute("SELECT mailbox.create_consumer_group('g', 'e', 'earliest')")
+    bad = publish(db, "e", 1, key="k1")[0]
+    later_same_key = publish(db, "e", 1, key="k1")
+    others = publish(db, "e", 3, key="k2")
+    poisoned = {bad}
+    rec = Recorder(lambda n, key: (422, 0) if key in poisoned else (200, 0))
+    try:
+        got = relay(dsn, rec.url, "--on-poison", "park")
+        assert got.returncode == 0, got.stderr
+        assert "poison message" in got.stderr and bad in got.stderr
+        delivered = rec.delivered()
+        assert bad not in delivered
+        assert set(others) <= set(delivered)
+        parked = db.execute(
+            "SELECT event_id::text, reason FROM mailbox.outbox_parked WHERE \"group\" = 'g'"
+        ).fetchall()
+        parked_ids = [p[0] for p in parked]
+        assert bad in parked_ids and all(p[1] for p in parked)
+        # the relay keeps a key's order: a later event of the parked key waits parked too
+        assert later_same_key[0] in parked_ids and later_same_key[0] not in delivered
+        # once the receiver is fixed, unparking delivers the event again
+        poisoned.clear()
+        for (offset,) in db.execute(
+            "SELECT outbox_id FROM mailbox.outbox_parked WHERE \"group\" = 'g' ORDER BY 1"
+        ).fetchall():
+            db.execute("SELECT mailbox.outbox_unpark('g', %s)", [offset])
+        again = relay(dsn, rec.url, "--on-poison", "park")
+        assert again.returncode == 0, again.stderr
+        assert bad in rec.delivered()
+        assert set(rec.delivered()) >= {bad, *later_same_key, *others}
+    finally:
+        rec.close()

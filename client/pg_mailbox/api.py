@@ -110,6 +110,8 @@ SQL_RECEIVE = (
     "SELECT mailbox.inbox_receive(%s, %s, %s, p_event_type => %s, p_source => %s,"
     " p_aggregate_id => %s, p_sequence_num => %s, p_headers => %s)"
 )
+# one statement per batch (issue 11): the server parses the array once
+SQL_RECEIVE_BATCH = "SELECT inserted FROM mailbox.inbox_receive_batch(%s, %s::jsonb)"
 SQL_GROUP_OUTBOX = "SELECT outbox_name FROM mailbox.consumer_group_lag WHERE group_name = %s"
 SQL_EXT_VERSION = "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = %s"
 SQL_HAS_PARK = (
@@ -363,22 +365,26 @@ async def aconsumer_lag(conn: psycopg.AsyncConnection, group: str | None = None)
 async def ainbox_receive_many(
     conn: psycopg.AsyncConnection, inbox: str, msgs: list[dict]
 ) -> list[bool]:
-    """Receive messages in one transaction (one round trip); True for each new one,
-    False for a duplicate."""
-    flags: list[bool] = []
+    """Receive messages with one ``inbox_receive_batch`` (one statement, one round trip,
+    all or nothing); True for each new one, False for a duplicate (also a repeat inside
+    the batch)."""
     if not msgs:
-        return flags
-    async with conn.transaction():
-        cur = conn.cursor()
-        await cur.executemany(
-            SQL_RECEIVE, [_receive_params(inbox, m) for m in msgs], returning=True
-        )
-        while True:
-            row = await cur.fetchone()
-            flags.append(bool(row and row[0]))
-            if not cur.nextset():
-                break
-    return flags
+        return []
+    cur = await conn.execute(SQL_RECEIVE_BATCH, [inbox, _batch_json(msgs)])
+    return [bool(row[0]) for row in await cur.fetchall()]
+
+
+def _batch_json(msgs: list[dict]) -> str:
+    """The ``p_messages`` array of ``inbox_receive_batch``: one object per message keyed by
+    ``inbox_receive``'s parameter names; a raw payload goes in as the server sent it."""
+    items = []
+    for m in msgs:
+        o = {"p_event_id": m["event_id"], "p_payload": m.get("payload")}
+        for k in ("event_type", "source", "aggregate_id", "sequence_num", "headers"):
+            if m.get(k) is not None:
+                o["p_" + k] = m[k]
+        items.append(dumps(o))
+    return "[" + ",".join(items) + "]"
 
 
 async def agroup_outbox(conn: psycopg.AsyncConnection, group: str) -> str | None:

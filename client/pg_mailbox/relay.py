@@ -409,14 +409,7 @@ class Relay:
         self, msgs: list[tuple[api.OutboxRow, Message]], batch: list[api.OutboxRow]
     ) -> None:
         """Hand messages to the sink until each is acknowledged (or skipped/parked)."""
-        if self.parked_keys:
-            keep = []
-            for row, m in msgs:
-                if row.key is not None and row.key in self.parked_keys:
-                    await self._poison(row, m, "behind a parked event of its key", batch)
-                else:
-                    keep.append((row, m))
-            msgs = keep
+        msgs = await self._behind_parked(msgs, batch)
         i, attempts = 0, 0
         backoff = Backoff(cap=10.0)
         stop_at: float | None = None
@@ -432,6 +425,8 @@ class Relay:
                 self._count(p.results, sink_label)
                 bad = i + p.index
                 await self._poison(msgs[bad][0], msgs[bad][1], p.reason, batch)
+                # a parked key's later rows in this batch wait parked too (its order holds)
+                msgs = msgs[: bad + 1] + await self._behind_parked(msgs[bad + 1 :], batch)
                 i, attempts = bad + 1, 0
                 continue
             except SinkError as exc:
@@ -465,6 +460,20 @@ class Relay:
             if self.sink_down:
                 self.sink_down = False
                 self.log("sink reachable again")
+
+    async def _behind_parked(
+        self, msgs: list[tuple[api.OutboxRow, Message]], batch: list[api.OutboxRow]
+    ) -> list[tuple[api.OutboxRow, Message]]:
+        """Parks the messages whose key has a parked event (--on-poison park); the rest."""
+        if not self.parked_keys:
+            return msgs
+        keep = []
+        for row, m in msgs:
+            if row.key is not None and row.key in self.parked_keys:
+                await self._poison(row, m, "behind a parked event of its key", batch)
+            else:
+                keep.append((row, m))
+        return keep
 
     def _count(self, results: list[str], sink_label: str) -> None:
         dup = sum(1 for r in results if r == DUPLICATE)
