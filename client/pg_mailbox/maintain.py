@@ -1,4 +1,5 @@
-"""`pg-mailbox maintain`: run mailbox.run_maintenance() on an interval (when pg_cron is absent)."""
+"""`pg-mailbox maintain`: run mailbox.run_maintenance() on an interval (when pg_cron is absent),
+and with --numberer the background numberer (CALL mailbox.run_numberer(), SPEC §2.2.4)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common(parser, metrics=False)
     option(parser, "--interval", default=60.0, type=positive_float, help="seconds between passes")
     option(parser, "--once", flag_only=True, default=False, help="run one pass and exit")
+    option(
+        parser,
+        "--numberer",
+        flag_only=True,
+        default=False,
+        help="also run the background numberer (CALL mailbox.run_numberer()) so that a"
+        " consumer idle in its poll transaction holds back only its own rows (SPEC 2.2.4;"
+        " docs/consumer-groups.md); one per database, a second one waits",
+    )
 
 
 def run_once(conn: psycopg.Connection) -> dict:
@@ -53,11 +63,51 @@ def _check_start(dsn: str) -> None:
         ) from None
 
 
+NUMBERER_SQL = "CALL mailbox.run_numberer(60)"
+
+
+def _run_numberer(dsn: str, stop: threading.Event, held: list) -> None:
+    """CALL mailbox.run_numberer() again and again on a connection of its own (autocommit: it
+    commits each pass itself) until stop; reconnects after an error."""
+    while not stop.is_set():
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                held[:] = [conn]
+                print(f"{time.strftime('%H:%M:%S')} numberer running", flush=True)
+                while not stop.is_set():
+                    conn.execute(NUMBERER_SQL)
+        except psycopg.Error as exc:
+            if stop.is_set():
+                return
+            print(
+                f"{time.strftime('%H:%M:%S')} numberer failed: {first_line(exc)}", file=sys.stderr
+            )
+            stop.wait(5)
+        finally:
+            held.clear()
+
+
 def run(args: argparse.Namespace) -> int:
     _check_start(args.dsn)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    numberer = None
+    held: list = []
+    if args.numberer and not args.once:
+        numberer = threading.Thread(target=_run_numberer, args=(args.dsn, stop, held), daemon=True)
+        numberer.start()
+    try:
+        return _maintain(args, stop)
+    finally:
+        stop.set()
+        for conn in list(held):
+            conn.cancel_safe()  # ends the CALL in progress; the thread then returns
+        if numberer is not None:
+            numberer.join(timeout=10)
+
+
+def _maintain(args: argparse.Namespace, stop: threading.Event) -> int:
     while not stop.is_set():
         started = time.monotonic()
         try:
