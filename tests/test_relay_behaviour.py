@@ -409,3 +409,40 @@ def test_http_4xx_park_parks_it_and_the_other_keys_flow(db, dsn):
         assert set(rec.delivered()) >= {bad, *later_same_key, *others}
     finally:
         rec.close()
+
+
+def test_progress_shows_on_a_terminal_only(db, dsn, tmp_path):
+    """SPEC 5.1: long work shows progress when stderr is a terminal; a pipe gets none."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    setup_outbox(db)
+    publish(db, "e", 500)
+    out_file = tmp_path / "out.jsonl"
+    args = [sys.executable, "-m", "pg_mailbox", "relay", "--dsn", dsn, "--group", "g"]
+    args += ["--consumer", "c1", "--sink", "stdout:", "--once", "--batch-size", "10"]
+    primary, secondary = pty.openpty()
+    with open(out_file, "w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=secondary)
+        os.close(secondary)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            seen += chunk
+        proc.wait(timeout=120)
+    os.close(primary)
+    assert proc.returncode == 0, seen
+    text = seen.decode()
+    assert "rows relayed" in text and "\x1b[K" in text
+    assert sum(1 for _ in open(out_file)) == 500
+    # a pipe: event lines only
+    db.execute("SELECT mailbox.seek_offset('g', 'c1', 0)")
+    piped = relay(dsn, "stdout:")
+    assert piped.returncode == 0 and "rows relayed" not in piped.stderr

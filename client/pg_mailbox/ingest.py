@@ -103,6 +103,7 @@ async def _run(args: argparse.Namespace) -> int:
                 flags = await api.ainbox_receive_many(conn, args.inbox, [m.record for m in batch])
                 await source.ack(batch)
                 new = sum(flags)
+                log.progress(len(flags), "messages ingested")
                 metrics.ingested.labels(args.inbox, "received").inc(new)
                 if len(flags) - new:
                     metrics.ingested.labels(args.inbox, "duplicate").inc(len(flags) - new)

@@ -257,6 +257,7 @@ class Relay:
                     continue
                 pending = await self._deliver(rows)
                 self.metrics.batch_seconds.observe(time.monotonic() - started)
+                self.log.progress(len(rows), "rows relayed", offset=pending)
             except DB_ERRORS as exc:
                 if not self.db_down:
                     self.db_down = True

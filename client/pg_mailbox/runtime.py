@@ -18,13 +18,36 @@ from pg_mailbox.config import StartupError
 
 
 class Log:
-    """One line per event worth a human's attention, on stderr (text or JSON)."""
+    """One line per event worth a human's attention, on stderr (text or JSON); on a terminal
+    (text format) also a progress line that the next event line replaces (SPEC 5.1)."""
 
     def __init__(self, fmt: str = "text", name: str = "pg-mailbox") -> None:
         self.fmt = fmt
         self.name = name
+        self.live = fmt == "text" and sys.stderr.isatty()
+        self.shown = False
+        self.count = 0
+        self.started = time.monotonic()
+        self.drawn_at = 0.0
+
+    def progress(self, done: int, what: str, **fields: object) -> None:
+        """Add ``done`` to the running count; redraw the progress line at most 4 times a
+        second. Nothing unless stderr is a terminal."""
+        self.count += done
+        now = time.monotonic()
+        if not self.live or now - self.drawn_at < 0.25:
+            return
+        self.drawn_at = now
+        rate = self.count / max(now - self.started, 1e-9)
+        extra = "".join(f", {k} {v}" for k, v in fields.items() if v is not None)
+        sys.stderr.write(f"\r\x1b[K{self.name}: {self.count:,} {what} ({rate:,.0f}/s){extra}")
+        sys.stderr.flush()
+        self.shown = True
 
     def __call__(self, event: str, **fields: object) -> None:
+        if self.shown:  # the event line takes the progress line's place
+            sys.stderr.write("\r\x1b[K")
+            self.shown = False
         if self.fmt == "json":
             line = json.dumps({"ts": time.time(), "event": event, **fields}, default=str)
         else:
