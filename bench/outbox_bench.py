@@ -712,7 +712,8 @@ def idle_latency(dsn, samples):
 
 def sizes(db):
     return db.execute(
-        "SELECT pg_relation_size('mailbox.outbox_lat'), pg_indexes_size('mailbox.outbox_lat')"
+        "SELECT pg_relation_size('mailbox._outbox_log_lat'),"
+        " pg_indexes_size('mailbox._outbox_log_lat')"
     ).fetchone()
 
 
@@ -778,6 +779,7 @@ def retention_section(dsn, args, out):
         elapsed = time.perf_counter() - started
         after = sizes(db)
     assert result["outbox_tables_truncated"] >= 1, result
+    assert before[0] > 0, "retention: the 'before' size measured an empty relation"
     out.table(
         f"retention: {args.big:,} rows drained, then one run_maintenance ({elapsed:.1f} s)",
         ("", "table bytes", "index bytes"),
