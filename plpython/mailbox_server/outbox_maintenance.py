@@ -158,8 +158,12 @@ SEQUENCE_ALL_SQL = "SELECT mailbox._sequence_all($1) AS head"
 
 RETENTION_LOCK_SQL = "SELECT mailbox._retention_lock($1)"
 
+# A partitioned group stores its offset only now and then (part 27): compute it.
 MIN_GROUP_OFFSET_SQL = """
-SELECT pg_catalog.min(g.group_offset) AS m FROM mailbox._consumer_group AS g WHERE g.outbox_key = $1
+SELECT pg_catalog.min(CASE WHEN mailbox._outbox_partitions(g.outbox_key) > 1
+                           THEN mailbox._partitioned_group_offset(g.group_name, g.outbox_key)
+                           ELSE g.group_offset END) AS m
+  FROM mailbox._consumer_group AS g WHERE g.outbox_key = $1
 """
 
 
