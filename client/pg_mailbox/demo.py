@@ -486,15 +486,18 @@ async def pipeline(args: argparse.Namespace, dsn: str, stats: Stats) -> dict:
             if caught_up:
                 stats.phase = f"replaying the last {REPLAY} events, as a restarted relay would"
                 async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                    # the offsets of the newest REPLAY rows (offsets need not be dense)
                     cur = await conn.execute(
-                        "SELECT head_offset FROM mailbox.consumer_lag(%s) LIMIT 1", [GROUP]
+                        sql.SQL(
+                            "SELECT min(outbox_id) - 1, count(*) FROM (SELECT outbox_id FROM {}"
+                            " WHERE outbox_id IS NOT NULL ORDER BY outbox_id DESC LIMIT %s) AS t"
+                        ).format(sql.Identifier("mailbox", f"outbox_{OUTBOX}")),
+                        [REPLAY],
                     )
-                    head = (await cur.fetchone())[0]
-                    stats.replayed = min(REPLAY, head)
+                    seek_to, stats.replayed = await cur.fetchone()
                     dups_before = stats.relay_duplicates
                     await conn.execute(
-                        "SELECT mailbox.seek_offset(%s, %s, %s)",
-                        [GROUP, CONSUMER, head - stats.replayed],
+                        "SELECT mailbox.seek_offset(%s, %s, %s)", [GROUP, CONSUMER, seek_to]
                     )
                 facts["replay_done"] = await _until(
                     lambda: stats.relay_duplicates - dups_before >= stats.replayed,
