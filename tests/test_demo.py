@@ -38,7 +38,7 @@ def numbers(stdout: str) -> dict:
 
     return {
         "produced": one(r"^  produced\s+(\d+) events"),
-        "outbox_rows": one(r"\(outbox rows: (\d+)\)"),
+        "outbox_rows": one(r"rows in the outbox: (\d+)\)"),
         "relayed": one(r"^  relayed\s+(\d+) messages"),
         "received": one(r"^  received\s+(\d+) messages"),
         "duplicates": one(r"^  duplicates\s+(\d+) dropped"),
@@ -84,7 +84,7 @@ def test_demo_relays_through_nats_end_to_end(fresh_dsn):
     assert summary["produced"] == summary["relayed"] == summary["received"]
     # the replay at the end: NATS's dedup window (Nats-Msg-Id) drops every replayed event
     assert summary["duplicates"] == REPLAYED
-    assert "relay saw 100, ingest dropped 0" in out
+    assert "NATS's dedup window (Nats-Msg-Id) dropped 100, the inbox 0" in out
     assert "every produced event is in the inbox exactly once: yes" in out
     assert "mailbox.outbox_orders" in out and "pg-mailbox status --dsn" in out
     assert out.rstrip().endswith("demo done")
@@ -108,6 +108,7 @@ def test_demo_falls_back_to_the_inbox_sink_without_nats(fresh_dsn):
     assert summary["produced"] == summary["relayed"] == summary["received"]
     # the inbox's primary key drops the replayed events; the sink reports them duplicates
     assert summary["duplicates"] == min(REPLAYED, summary["produced"])
+    assert f"the inbox's primary key dropped {summary['duplicates']})" in out
     assert "every produced event is in the inbox exactly once: yes" in out
     assert_exactly_once(fresh_dsn, summary)
 

@@ -181,12 +181,16 @@ class Display:
             self.last[name] = (now, value)
         return self.rates.get(name, 0.0)
 
+    @property
+    def sink_name(self) -> str:
+        return "NATS JetStream" if self.stats.sink_kind == "nats" else "the inbox sink"
+
     def _rows(self) -> list[tuple[str, str, int, float]]:
         s, now = self.stats, time.monotonic()
         rows = [
             ("producers", "write statements committed on public.orders", s.produced),
             ("outbox", f"rows in mailbox.outbox_{OUTBOX}", s.in_outbox),
-            ("relay", f"messages the {s.sink_kind or 'sink'} acknowledged", s.relayed),
+            ("relay", f"messages {self.sink_name} acknowledged", s.relayed),
             ("inbox", f"messages in mailbox.{INBOX}", s.received),
         ]
         return [(a, b, n, self._rate(a, n, now)) for a, b, n in rows]
@@ -198,7 +202,7 @@ class Display:
         table.add_column("stage")
         table.add_column("what is counted")
         table.add_column("count", justify="right")
-        table.add_column("per second", justify="right")
+        table.add_column("per second now", justify="right")
         for stage, what, n, rate in self._rows():
             table.add_row(stage, what, str(n), f"{rate:,.0f}")
         dups = self.stats.relay_duplicates + self.stats.ingest_duplicates
@@ -557,30 +561,39 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
         and db["in_inbox"] == stats.produced == db["in_outbox"]
     )
     dups = stats.relay_duplicates + stats.ingest_duplicates
-    where_dup = "NATS's dedup window" if facts.get("stream") else "the inbox's primary key"
+    if facts.get("stream"):
+        by = "NATS JetStream"
+        dropped_by = (
+            f"NATS's dedup window (Nats-Msg-Id) dropped {stats.relay_duplicates},"
+            f" the inbox {stats.ingest_duplicates}"
+        )
+    else:
+        by = "the inbox sink"
+        dropped_by = f"the inbox's primary key dropped {stats.relay_duplicates}"
     lat = db["latency"]
     out = [
         "",
         "pg_mailbox demo: summary",
         f"  route       {stats.route}",
-        f"  produced    {stats.produced} events = write statements on public.orders,"
-        f" {produce_s:.1f} s, {stats.produced / max(produce_s, 1e-9):.0f}/s"
-        f" (outbox rows: {db['in_outbox']})",
-        f"  relayed     {stats.relayed} messages acknowledged by the"
-        f" {'NATS JetStream stream' if facts.get('stream') else 'inbox sink'},"
-        f" {stats.relayed / max(flow_s, 1e-9):.0f}/s",
-        f"  received    {db['in_inbox']} messages in inbox mailbox.{INBOX},"
-        f" {db['in_inbox'] / max(flow_s, 1e-9):.0f}/s",
-        f"  duplicates  {dups} dropped: the last {stats.replayed} events were sent again on"
-        f" purpose (seek_offset, as after a relay crash) and {where_dup} dropped them"
-        f" (relay saw {stats.relay_duplicates}, ingest dropped {stats.ingest_duplicates})",
+        f"  produced    {stats.produced} events    (write statements on public.orders in"
+        f" {produce_s:.1f} s: {stats.produced / max(produce_s, 1e-9):.0f}/s;"
+        f" rows in the outbox: {db['in_outbox']})",
+        f"  relayed     {stats.relayed} messages  (acknowledged by {by};"
+        f" {stats.relayed / max(flow_s, 1e-9):.0f}/s)",
+        f"  received    {db['in_inbox']} messages  (rows in inbox mailbox.{INBOX};"
+        f" {db['in_inbox'] / max(flow_s, 1e-9):.0f}/s)",
+        f"  duplicates  {dups} dropped    (the last {stats.replayed} events were sent again on"
+        f" purpose, as by a relay restarted after a crash: {dropped_by})",
     ]
     if lat:
         out.append(
-            f"  latency     outbox commit -> inbox row: p50 {lat[0] * 1000:.0f} ms,"
-            f" p95 {lat[1] * 1000:.0f} ms (rates over {flow_s:.1f} s from first write to"
-            " fully drained)"
+            f"  latency     p50 {lat[0] * 1000:.0f} ms, p95 {lat[1] * 1000:.0f} ms"
+            " (outbox commit -> inbox row)"
         )
+    out.append(
+        f"  rates       relayed and received per second count from the first write until all"
+        f" was in the inbox ({flow_s:.1f} s), so they include the wait for the producers"
+    )
     if exact:
         out.append("  check       every produced event is in the inbox exactly once: yes")
     else:
@@ -592,7 +605,7 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
     out += ["", "Where to look next:"]
     if cluster and not keep:
         out.append(
-            "  (the throwaway cluster is gone; rerun with `pg-mailbox demo --keep` to try these)"
+            "  (the throwaway cluster is gone: `pg-mailbox demo --keep` leaves it for these)"
         )
     psql = f'psql "{dsn}"'
     out += [
