@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import signal
 import sys
 import time
@@ -582,8 +583,13 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
         f" {stats.relayed / max(flow_s, 1e-9):.0f}/s)",
         f"  received    {db['in_inbox']} messages  (rows in inbox mailbox.{INBOX};"
         f" {db['in_inbox'] / max(flow_s, 1e-9):.0f}/s)",
-        f"  duplicates  {dups} dropped    (the last {stats.replayed} events were sent again on"
-        f" purpose, as by a relay restarted after a crash: {dropped_by})",
+        f"  duplicates  {dups} dropped    "
+        + (
+            f"(the last {stats.replayed} events were sent again on purpose, as by a relay"
+            f" restarted after a crash: {dropped_by})"
+            if stats.replayed
+            else "(stopped before the replay of the last events)"
+        ),
     ]
     if lat:
         out.append(
@@ -594,13 +600,19 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
         f"  rates       relayed and received per second count from the first write until all"
         f" was in the inbox ({flow_s:.1f} s), so they include the wait for the producers"
     )
+    interrupted = bool(facts.get("interrupted"))
     if exact:
         out.append("  check       every produced event is in the inbox exactly once: yes")
+    elif interrupted and db["extra"] == 0:
+        out.append(
+            f"  check       interrupted before the pipeline drained: {db['missing']} events"
+            " were still on their way (none arrived twice)"
+        )
     else:
         out.append(
             f"  check       NOT exactly once: {db['missing']} outbox events missing from the"
             f" inbox, {db['extra']} inbox rows not in the outbox"
-            + (" (interrupted)" if facts.get("interrupted") else "")
+            + ("" if facts.get("caught_up") else f" (not drained within {DRAIN_TIMEOUT:g} s)")
         )
     out += ["", "Where to look next:"]
     if cluster and not keep:
@@ -613,13 +625,22 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
         " ORDER BY outbox_id DESC LIMIT 5'",
         f"  {psql} -c 'SELECT * FROM mailbox.stats_{INBOX}'",
         f"  {psql} -c 'SELECT * FROM mailbox.consumer_lag()'",
-        f'  pg-mailbox status --dsn "{dsn}"',
+        f'  {_command()} status --dsn "{dsn}"',
     ]
     if facts.get("stream") and keep:
         out.append(f"  nats --server {facts['nats']} stream info {facts['stream']}")
     out.append("  docs/relay.md explains the relay and ingest; docs/inbox.md the inbox")
     print("\n".join(out), flush=True)
-    return exact
+    return exact or (interrupted and db["extra"] == 0)
+
+
+def _command() -> str:
+    """How to run pg-mailbox again: by name when it is on PATH (else by path)."""
+    if shutil.which("pg-mailbox"):
+        return "pg-mailbox"
+    if Path(sys.argv[0]).name == "pg-mailbox":
+        return sys.argv[0]  # as the user typed it, e.g. .venv/bin/pg-mailbox
+    return f"{Path(sys.executable).name} -m pg_mailbox"
 
 
 # --- entry point -----------------------------------------------------------------------
