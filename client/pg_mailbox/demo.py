@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import signal
@@ -29,7 +30,7 @@ from urllib.parse import urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pg_mailbox import config, ingest, relay
 from pg_mailbox.cluster import Cluster, ClusterError
@@ -258,7 +259,19 @@ def _setup(conn: psycopg.Connection) -> None:
 def _inbox_sink_url(dsn: str) -> str:
     """The ``postgresql://…?inbox=`` sink URL of the demo database, from any DSN form."""
     params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    password = params.pop("password", None)
+    if password:
+        # not in the URL, which the relay logs: libpq reads it from the environment
+        os.environ["PGPASSWORD"] = password
     return "postgresql://?" + urlencode({**params, "inbox": INBOX})
+
+
+def _shown_dsn(dsn: str) -> str:
+    """The DSN to print: without its password (libpq asks, or reads PGPASSWORD/.pgpass)."""
+    params = conninfo_to_dict(dsn)
+    if params.pop("password", None) is None:
+        return dsn
+    return make_conninfo("", **params)
 
 
 async def _nats_answers(url: str) -> bool:
@@ -619,6 +632,7 @@ def summary(stats: Stats, facts: dict, db: dict, dsn: str, keep: bool, cluster: 
         out.append(
             "  (the throwaway cluster is gone: `pg-mailbox demo --keep` leaves it for these)"
         )
+    dsn = _shown_dsn(dsn)
     psql = f'psql "{dsn}"'
     out += [
         f"  {psql} -c 'SELECT outbox_id, event_id, payload FROM mailbox.outbox_{OUTBOX}"
