@@ -86,7 +86,8 @@ def test_demo_relays_through_nats_end_to_end(fresh_dsn):
     assert summary["duplicates"] == REPLAYED
     assert "NATS's dedup window (Nats-Msg-Id) dropped 100, the inbox 0" in out
     assert "every produced event is in the inbox exactly once: yes" in out
-    assert "mailbox.outbox_orders" in out and "pg-mailbox status --dsn" in out
+    assert "FROM mailbox.outbox_orders" in out
+    assert re.search(r"^  .*(pg-mailbox|-m pg_mailbox) status --dsn ", out, re.M)
     assert out.rstrip().endswith("demo done")
     # stderr is not a terminal here: plain progress lines instead of the live table
     assert re.search(r"^demo \[.*producers writing.*\]: producers \d+", got.stderr, re.M)
