@@ -65,12 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_parser = commands.add_parser(
         "demo",
-        help="show the outbox end to end on a throwaway cluster",
+        help="run the whole pipeline end to end on a throwaway cluster",
         description="Start a throwaway PostgreSQL cluster (or use --dsn), install pg_mailbox,"
-        " capture a table, publish an event and show what arrived.",
+        " and run orders -> captured outbox -> relay -> NATS (or the database's own inbox)"
+        " -> ingest -> inbox end to end, with live progress and a closing summary.",
+        epilog=EPILOG,
     )
     demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(func=demo.run, _parser=None)
+    demo_parser.set_defaults(func=demo.run, _parser=demo_parser)
     return parser
 
 

@@ -60,16 +60,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(
+    args: argparse.Namespace, metrics: Metrics | None = None, stopper: Stopper | None = None
+) -> int:
+    """``metrics`` and ``stopper`` let an embedding program (pg_mailbox.demo) read the
+    counters and stop the loop; the command makes its own."""
     log = Log(args.log_format, "ingest")
-    metrics = Metrics()
+    metrics = metrics or Metrics()
     if not args.inbox or not args.source:
         raise UsageError("--inbox and --source are required")
     try:
         source = open_source(args.source)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    stopper = Stopper()
+    stopper = stopper or Stopper()
     conn = await connect(args.dsn)
     try:
         if not await api.ainbox_exists(conn, args.inbox):

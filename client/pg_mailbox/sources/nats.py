@@ -41,10 +41,14 @@ class NatsSource(Source):
     async def fetch(self, max_messages: int, timeout: float) -> list[Incoming]:
         try:
             await self._connect()
-            msgs = await self.sub.fetch(max_messages, timeout=timeout)
-        except NatsTimeout:
-            return []
         except (TimeoutError, OSError, NatsError) as exc:
+            await self.close()
+            raise SourceError(f"NATS fetch failed: {exc!r}") from exc
+        try:
+            msgs = await self.sub.fetch(max_messages, timeout=timeout)
+        except (NatsTimeout, TimeoutError):  # nats-py raises either for an empty fetch
+            return []
+        except (OSError, NatsError) as exc:
             await self.close()
             raise SourceError(f"NATS fetch failed: {exc!r}") from exc
         out = []
