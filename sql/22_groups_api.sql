@@ -94,7 +94,7 @@ BEGIN
     IF v_numberer THEN
         SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
     ELSE
-        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR NO KEY UPDATE;
     END IF;
     IF NOT FOUND THEN
         v_group := mailbox._lock_group(p_group);

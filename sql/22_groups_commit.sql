@@ -38,7 +38,7 @@ BEGIN
          WHERE g.group_name = p_group;
     ELSE
         SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
-         WHERE g.group_name = p_group FOR UPDATE;
+         WHERE g.group_name = p_group FOR NO KEY UPDATE;
     END IF;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < 0 THEN
