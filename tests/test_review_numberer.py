@@ -147,11 +147,6 @@ def assert_new_rows_delivered(db, connect):
 # ============================================================ findings (pinned bugs)
 
 
-@finding(
-    "finding 1: run_numberer keeps its session advisory lock after an error "
-    "(cancel, statement_timeout, CALL inside a transaction block): polls then believe a "
-    "numberer runs, never number inline, and delivery stops for every outbox",
-)
 def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connect):
     db = box
     # psycopg's default (non-autocommit) mode: CALL runs inside a transaction block, so the
@@ -164,10 +159,6 @@ def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connec
     assert_new_rows_delivered(db, connect)
 
 
-@finding(
-    "finding 1b: a numberer cancelled (pg_cancel_backend / statement_timeout) keeps "
-    "the lock in its session; polls stop numbering inline",
-)
 def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
     db = box
     n = Numberer(connect, db)
@@ -177,10 +168,6 @@ def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
     assert_new_rows_delivered(db, connect)
 
 
-@finding(
-    "finding 2: numberer liveness is a plain advisory lock (7168634, 0) that any role "
-    "able to connect may take: a role with no pg_mailbox privilege stops all delivery",
-)
 def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect):
     db = box
     nobody = make_role(db)  # no mailbox role at all
