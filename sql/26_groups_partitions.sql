@@ -80,19 +80,14 @@ AS $$
     SELECT coalesce((SELECT p.partitions FROM mailbox._outbox_partitioning AS p WHERE p.outbox_key = p_key), 1);
 $$;
 
--- p_partitions of create_outbox / enable_outbox: 22023 outside 1 .. 256.
+-- p_partitions of create_outbox / enable_outbox: 22023 outside 1 .. 256, 22004 for NULL,
+-- with the HINT every argument check gives (1: no partitions, §2.2 semantics).
 CREATE FUNCTION mailbox._check_partitions(p_partitions int)
 RETURNS int
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-BEGIN
-    IF p_partitions IS NULL OR p_partitions < 1 OR p_partitions > 256 THEN
-        RAISE EXCEPTION 'invalid p_partitions: %', coalesce(p_partitions::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'Pass 1 to 256 partitions (1: no per-key order, §2.2 semantics).';
-    END IF;
-    RETURN p_partitions;
-END
+    SELECT mailbox._check_positive(p_partitions, 'p_partitions', 256);
 $$;
 
 CREATE FUNCTION mailbox._set_outbox_partitions(p_name text, p_partitions int)

@@ -311,11 +311,6 @@ def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect)
     assert offsets(poll(b, "g", "b", batch=10)) == [1, 3]
 
 
-@finding(
-    "finding 8: the p_partitions HINT does not name the argument (every other "
-    "argument check's HINT does: 'Pass p_batch_size from 1 to ...'); NULL gives 22023 where "
-    "every other NULL argument gives 22004",
-)
 def test_finding8_p_partitions_errors_name_the_argument(db):
     for bad in (0, 257, -1):
         with raises("22023") as info:
