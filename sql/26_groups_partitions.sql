@@ -65,11 +65,26 @@ COMMENT ON TABLE mailbox._outbox_parked IS
 'pg_mailbox: rows a consumer parked (poison), kept until unparked and acknowledged';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_parked', '');
 
-CREATE VIEW mailbox.outbox_parked AS
+-- The outboxes whose groups the caller may read (consume), for the views below; as
+-- consumer_lag() lists only those groups.
+CREATE FUNCTION mailbox._readable_group_outboxes()
+RETURNS SETOF int
+LANGUAGE sql STABLE
+SECURITY DEFINER -- reads the group and grant catalogs for a mailbox_consumer caller
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT k FROM mailbox._consumable_outboxes() AS k;
+$$;
+
+-- security_barrier: a caller's own functions in a WHERE clause run only on rows it may see
+CREATE VIEW mailbox.outbox_parked WITH (security_barrier) AS
 SELECT p.group_name AS "group", p.outbox_id, p.event_id, p.part AS partition, p.reason, p.parked_at
   FROM mailbox._outbox_parked AS p
- WHERE p.unparked_at IS NULL;
-COMMENT ON VIEW mailbox.outbox_parked IS 'rows parked by a consumer group (mailbox.outbox_park), until unparked';
+  JOIN mailbox._consumer_group AS g ON g.group_name = p.group_name
+ WHERE p.unparked_at IS NULL
+   AND g.outbox_key IN (SELECT k FROM mailbox._readable_group_outboxes() AS k);
+COMMENT ON VIEW mailbox.outbox_parked IS
+'rows parked by a consumer group (mailbox.outbox_park), until unparked; of the outboxes the caller may consume';
 
 -- The partition count of an outbox (1: not partitioned).
 CREATE FUNCTION mailbox._outbox_partitions(p_key int)

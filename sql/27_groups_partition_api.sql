@@ -336,3 +336,4 @@ COMMENT ON VIEW mailbox.consumer_partition_lag IS
 'per partition of each partitioned group: holder, acknowledged and delivered offsets, rows in flight, lag';
 
 GRANT SELECT ON mailbox.consumer_partition_lag, mailbox.outbox_parked TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox._readable_group_outboxes() TO mailbox_consumer;

@@ -320,11 +320,6 @@ def test_finding8_p_partitions_errors_name_the_argument(db):
         db.execute("SELECT mailbox.create_outbox('bad', p_partitions => NULL)")
 
 
-@finding(
-    "finding 9: mailbox.outbox_parked (SELECT granted to mailbox_consumer) lists the "
-    "parked rows -- event ids and free-text reasons -- of outboxes with per-object grants "
-    "to everybody, also to consumers without a consume grant",
-)
 def test_finding9_parked_rows_of_a_granted_outbox_are_hidden_from_strangers(db, connect):
     team = make_role(db)
     stranger = make_role(db, "mailbox_consumer")
