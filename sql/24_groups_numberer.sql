@@ -98,7 +98,7 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_slot int := mailbox._setting_int('consumer_slot_rows', 100, 1, 100000);
+    v_slot int := mailbox._setting_int('consumer_slot_rows', 1, 1, 100000);
     v_group text;
     v_stored bigint;
     v_delivered bigint;

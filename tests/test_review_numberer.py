@@ -181,11 +181,6 @@ def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect)
         drop_role(db, nobody)
 
 
-@finding(
-    "finding 3: with the default consumer_slot_rows (100) an idle poll transaction "
-    "with a batch smaller than a slot hides the slot's remainder (rows not leased to it) "
-    "from the other consumers of its group until it ends (SPEC 2.2.4)",
-)
 def test_finding3_idle_small_batch_holds_back_only_its_own_rows(box, connect):
     db = box
     n = Numberer(connect, db)  # default slot size
