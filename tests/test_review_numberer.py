@@ -289,11 +289,6 @@ def test_finding6_views_agree_with_consumer_lag_on_partitioned_groups(db, connec
     assert group == [(0, 12, 5)]
 
 
-@finding(
-    "finding 7: on an unpartitioned outbox outbox_park does not acknowledge the row: "
-    "after the parking consumer crashes its lease expires and the parked row is delivered "
-    "again to another consumer (SPEC 2.3: park acknowledges the row for this group)",
-)
 def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect):
     db = box
     publish(db, "e", 3)
