@@ -317,7 +317,8 @@ def test_park_and_unpark(pbox, connect):
     assert rows(db, 'SELECT "group", outbox_id, partition, reason FROM mailbox.outbox_parked') == [
         ("g", 1, p, "bad payload")
     ]
-    assert commit(c, "g", "c", 4) == 4
+    # the park acknowledged row 1; the commit counts the 3 rows it acknowledges (finding 12)
+    assert commit(c, "g", "c", 4) == 3
     assert ppoll(c, "g", "c") == []
     # a crash between park and commit: the parked row is not delivered again
     publish_key_rows(db, "e", [poison])

@@ -767,11 +767,6 @@ def test_park_unpark_survives_retention(db, connect):
         c.execute("SELECT mailbox.outbox_park('pg', 'c', 2, 'x')")
 
 
-@finding(
-    "finding 12: commit_offset counts parked rows (already acknowledged by outbox_park) "
-    "again -- also a row another consumer parked that this one never received (partitioned "
-    "takeover): the returned count exceeds the rows this commit acknowledged",
-)
 def test_finding12_commit_after_park_counts_only_what_it_acknowledges(db, connect):
     db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
     db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
