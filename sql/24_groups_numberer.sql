@@ -28,7 +28,7 @@
 -- Written only by mailbox._numberer_beat() (a definer), one row; UNLOGGED: it means nothing
 -- after a crash, and its updates cost no WAL.
 CREATE UNLOGGED TABLE mailbox._numberer_heartbeat (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    singleton boolean PRIMARY KEY DEFAULT TRUE CHECK (singleton),
     pid int NOT NULL,
     beat_at timestamptz
 );
