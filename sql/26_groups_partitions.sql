@@ -97,12 +97,24 @@ $$;
 
 -- p_partitions of create_outbox / enable_outbox: 22023 outside 1 .. 256, 22004 for NULL,
 -- with the HINT every argument check gives (1: no partitions, §2.2 semantics).
+-- (Not through _check_positive: enable_outbox runs it as the table owner, who may not call
+-- that one.)
 CREATE FUNCTION mailbox._check_partitions(p_partitions int)
 RETURNS int
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT mailbox._check_positive(p_partitions, 'p_partitions', 256);
+BEGIN
+    IF p_partitions IS NULL THEN
+        RAISE EXCEPTION 'p_partitions must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass p_partitions from 1 to 256 (1: no per-key order, §2.2 semantics).';
+    END IF;
+    IF p_partitions < 1 OR p_partitions > 256 THEN
+        RAISE EXCEPTION 'invalid p_partitions: %', p_partitions
+            USING ERRCODE = '22023', HINT = 'Pass p_partitions from 1 to 256 (1: no per-key order, §2.2 semantics).';
+    END IF;
+    RETURN p_partitions;
+END
 $$;
 
 CREATE FUNCTION mailbox._set_outbox_partitions(p_name text, p_partitions int)
