@@ -113,7 +113,7 @@ AS $$
 DECLARE
     v_group mailbox._consumer_group;
 BEGIN
-    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+    SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM mailbox._group_outbox(p_group); -- raises 22004, 22023 or 42704
     END IF;

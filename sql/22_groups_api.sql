@@ -94,7 +94,7 @@ BEGIN
     IF v_numberer THEN
         SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group;
     ELSE
-        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR UPDATE;
+        SELECT * INTO v_group FROM mailbox._consumer_group AS g WHERE g.group_name = p_group FOR NO KEY UPDATE;
     END IF;
     IF NOT FOUND THEN
         v_group := mailbox._lock_group(p_group);
@@ -200,32 +200,38 @@ BEGIN
     -- ...) is read with one index range scan; others by joining their key slice to the log.
     v_from_chunk := coalesce((SELECT pg_catalog.max(c.base_offset) FROM mailbox._outbox_chunk AS c
                                WHERE c.outbox_key = v_group.outbox_key AND c.base_offset < v_first), 0);
+    -- parked rows (part 28) were acknowledged for this group by outbox_park: never again
+    -- from the log (an unparked one comes back through _take_unparked above)
     RETURN QUERY
-    SELECT c.base_offset + 1 + (l._id - c.first_id),
-           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
-           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
-      FROM mailbox._outbox_chunk AS c
-      JOIN mailbox._outbox_log AS l
-        ON l.outbox_key = c.outbox_key
-       AND l._id BETWEEN c.first_id + greatest(v_first - c.base_offset - 1, 0)
-                     AND c.first_id + least(v_last - c.base_offset, c.row_count) - 1
-     WHERE c.outbox_key = v_group.outbox_key AND c.dense
-       AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
-    UNION ALL
-    SELECT s.first_in_chunk + u.n - 1,
-           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
-           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
-      FROM mailbox._outbox_chunk AS c
-     CROSS JOIN LATERAL (
-           SELECT greatest(v_first, c.base_offset + 1) AS first_in_chunk,
-                  least(v_last, c.base_offset + c.row_count) AS last_in_chunk
-     ) AS s
-     CROSS JOIN LATERAL pg_catalog.unnest(
-           c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
-     ) WITH ORDINALITY AS u (id, n)
-      JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
-     WHERE c.outbox_key = v_group.outbox_key AND NOT c.dense
-       AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
+    SELECT q.* FROM (
+        SELECT c.base_offset + 1 + (l._id - c.first_id) AS o,
+               l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+               l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
+          FROM mailbox._outbox_chunk AS c
+          JOIN mailbox._outbox_log AS l
+            ON l.outbox_key = c.outbox_key
+           AND l._id BETWEEN c.first_id + greatest(v_first - c.base_offset - 1, 0)
+                         AND c.first_id + least(v_last - c.base_offset, c.row_count) - 1
+         WHERE c.outbox_key = v_group.outbox_key AND c.dense
+           AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
+        UNION ALL
+        SELECT s.first_in_chunk + u.n - 1,
+               l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+               l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload, 0
+          FROM mailbox._outbox_chunk AS c
+         CROSS JOIN LATERAL (
+               SELECT greatest(v_first, c.base_offset + 1) AS first_in_chunk,
+                      least(v_last, c.base_offset + c.row_count) AS last_in_chunk
+         ) AS s
+         CROSS JOIN LATERAL pg_catalog.unnest(
+               c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
+         ) WITH ORDINALITY AS u (id, n)
+          JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
+         WHERE c.outbox_key = v_group.outbox_key AND NOT c.dense
+           AND c.base_offset >= v_from_chunk AND c.base_offset < v_last
+    ) AS q
+     WHERE NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                        WHERE k.group_name = p_group AND k.outbox_id = q.o)
      ORDER BY 1;
     -- a busy consumer needs no wake-up: producers stop notifying (no write when not waiting)
     DELETE FROM mailbox._outbox_waiter AS w

@@ -38,7 +38,7 @@ BEGIN
          WHERE g.group_name = p_group;
     ELSE
         SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
-         WHERE g.group_name = p_group FOR UPDATE;
+         WHERE g.group_name = p_group FOR NO KEY UPDATE;
     END IF;
     PERFORM mailbox._require(p_last_offset, 'p_last_offset');
     IF p_last_offset < 0 THEN
@@ -57,9 +57,13 @@ BEGIN
         DELETE FROM mailbox._lease AS l
          WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.first_offset = v_batch
            AND l.last_offset <= p_last_offset
-        RETURNING l.last_offset - l.first_offset + 1 AS n
+        RETURNING l.first_offset AS f, l.last_offset AS t
     )
-    SELECT coalesce(pg_catalog.sum(n), 0) INTO v_full FROM acked;
+    -- parked rows were acknowledged by outbox_park (unparked ones are counted below)
+    SELECT coalesce(pg_catalog.sum(a.t - a.f + 1 - (SELECT pg_catalog.count(*) FROM mailbox._outbox_parked AS k
+                                                     WHERE k.group_name = p_group
+                                                       AND k.outbox_id BETWEEN a.f AND a.t)), 0)
+      INTO v_full FROM acked AS a;
     WITH cut AS (
         SELECT l.first_offset FROM mailbox._lease AS l
          WHERE l.group_name = p_group AND l.consumer_id = p_consumer AND l.first_offset = v_batch
@@ -68,9 +72,12 @@ BEGIN
         UPDATE mailbox._lease AS l SET first_offset = p_last_offset + 1
           FROM cut
          WHERE l.group_name = p_group AND l.first_offset = cut.first_offset
-        RETURNING p_last_offset - cut.first_offset + 1 AS n
+        RETURNING cut.first_offset AS f
     )
-    SELECT coalesce(pg_catalog.sum(n), 0) INTO v_partial FROM moved;
+    SELECT coalesce(pg_catalog.sum(p_last_offset - m.f + 1 - (SELECT pg_catalog.count(*) FROM mailbox._outbox_parked AS k
+                                                               WHERE k.group_name = p_group
+                                                                 AND k.outbox_id BETWEEN m.f AND p_last_offset)), 0)
+      INTO v_partial FROM moved AS m;
     -- unparked rows this consumer received again (part 27)
     WITH gone AS (
         DELETE FROM mailbox._outbox_parked AS k

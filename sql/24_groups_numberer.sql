@@ -16,22 +16,78 @@
 --     holds back exactly the rows it claimed (until it ends: a lease row it locked cannot be
 --     taken over even after its lease expires, docs/design.md §5).
 --
--- It holds a session advisory lock while it runs: one numberer per database, and polls tell
--- cheaply whether one is alive. Without one, polls number inline and allocate under the
--- group row's lock, as before; an installation without a numberer behaves as it always did.
+-- It holds a session advisory lock while it runs (one numberer per database) and writes a
+-- heartbeat after its passes. Polls believe a numberer is alive only when all of these hold:
+-- the heartbeat is at most 2 s old, its backend is still running the statement that wrote
+-- it (so a numberer that was cancelled or errored out, and whose session keeps the lock,
+-- counts as stopped at once), and that backend holds the lock. A role that merely takes the
+-- advisory lock (any role that can connect can) writes no heartbeat and fakes nothing: polls
+-- then number inline. Without a numberer, polls number inline and allocate under the group
+-- row's lock, as before; an installation without a numberer behaves as it always did.
 
--- Whether a numberer holds its lock. A probe takes and drops the lock at once; the
--- numberer retries its start for a while, so a probe never keeps it out.
+-- Written only by mailbox._numberer_beat() (a definer), one row; UNLOGGED: it means nothing
+-- after a crash, and its updates cost no WAL.
+CREATE UNLOGGED TABLE mailbox._numberer_heartbeat (
+    singleton boolean PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    pid int NOT NULL,
+    beat_at timestamptz
+);
+-- dumped like every extension table (tests/test_dump_restore.py); a restored beat is older
+-- than 2 s, so it means nothing
+SELECT pg_catalog.pg_extension_config_dump('mailbox._numberer_heartbeat', '');
+
+-- The numberer's heartbeat: p_alive false clears it as its run ends.
+CREATE FUNCTION mailbox._numberer_beat(p_alive boolean)
+RETURNS void
+LANGUAGE sql VOLATILE
+SECURITY DEFINER -- the heartbeat table is written only here, for run_numberer's caller
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    INSERT INTO mailbox._numberer_heartbeat AS h (singleton, pid, beat_at)
+    VALUES (true, pg_catalog.pg_backend_pid(), CASE WHEN p_alive THEN pg_catalog.clock_timestamp() END)
+    ON CONFLICT (singleton) DO UPDATE SET pid = excluded.pid, beat_at = excluded.beat_at
+     WHERE p_alive OR h.pid = excluded.pid;
+$$;
+
+-- Whether a numberer runs (see above). It takes no lock, so it cannot leave one behind. It
+-- reads one row and, while a numberer runs, that backend's status; the lock table (pg_locks,
+-- ~0.1 ms) is read once per numberer run and session: the run (pid, statement start) found
+-- holding the lock is remembered in mailbox.numberer_verified, and a run keeps its lock until
+-- its statement ends (costs measured in docs/design.md §4.1).
 CREATE FUNCTION mailbox._numberer_alive()
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- reads the heartbeat table and other backends' status for any poller
+SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+DECLARE
+    v_pid int;
+    v_at timestamptz;
+    v_start timestamptz;
+    v_run text;
 BEGIN
-    IF pg_catalog.pg_try_advisory_lock(7168634, 0) THEN
-        PERFORM pg_catalog.pg_advisory_unlock(7168634, 0);
+    SELECT h.pid, h.beat_at INTO v_pid, v_at FROM mailbox._numberer_heartbeat AS h;
+    IF v_at IS NULL OR v_at < pg_catalog.clock_timestamp() - interval '2 s' THEN
         RETURN false;
     END IF;
+    -- the backend still runs the statement that wrote the heartbeat (read afresh: backend
+    -- status is otherwise a snapshot taken once per transaction)
+    PERFORM pg_catalog.pg_stat_clear_snapshot();
+    v_start := (SELECT a.query_start FROM pg_catalog.pg_stat_get_activity(v_pid) AS a
+                 WHERE a.state = 'active' AND a.query_start <= v_at);
+    IF v_start IS NULL THEN
+        RETURN false;
+    END IF;
+    v_run := v_pid::text || '@' || v_start::text;
+    IF pg_catalog.current_setting('mailbox.numberer_verified', true) IS NOT DISTINCT FROM v_run THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l
+                    WHERE l.locktype = 'advisory' AND l.pid = v_pid -- a backend has one database
+                      AND l.classid = 7168634 AND l.objid = 0 AND l.objsubid = 2 AND l.granted) THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_catalog.set_config('mailbox.numberer_verified', v_run, false);
     RETURN true;
 END
 $$;
@@ -45,7 +101,7 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_slot int := mailbox._setting_int('consumer_slot_rows', 100, 1, 100000);
+    v_slot int := mailbox._setting_int('consumer_slot_rows', 1, 1, 100000);
     v_group text;
     v_stored bigint;
     v_delivered bigint;
@@ -116,8 +172,8 @@ BEGIN
 END
 $$;
 
--- Takes the numberer's lock, retrying for up to p_wait_ms (a poll's probe holds it for
--- microseconds; a numberer ending its run gives it up). False when another numberer has it.
+-- Takes the numberer's lock, retrying for up to p_wait_ms (a numberer ending its run gives
+-- it up). False when another session has it.
 CREATE FUNCTION mailbox._numberer_start(p_wait_ms int)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -158,11 +214,14 @@ DECLARE
     v_end timestamptz;
     v_done bigint;
     v_idle_ms int := 1;
+    v_beat timestamptz;
 BEGIN
     IF p_seconds IS NULL OR p_seconds < 1 OR p_seconds > 86400 THEN
         RAISE EXCEPTION 'invalid p_seconds: %', p_seconds
             USING ERRCODE = '22023', HINT = 'Pass 1 to 86400 seconds.';
     END IF;
+    -- fails here (2D000) when called inside a transaction block, before taking the lock
+    COMMIT;
     IF NOT mailbox._numberer_start(2000) THEN
         RAISE NOTICE 'a numberer is already running in database %', pg_catalog.current_database()
             USING HINT = 'One numberer per database is enough; this call returns at once.';
@@ -172,6 +231,11 @@ BEGIN
     COMMIT;
     LOOP
         v_done := mailbox._numberer_pass();
+        -- the heartbeat at most every 100 ms (polls trust one up to 2 s old)
+        IF v_beat IS NULL OR pg_catalog.clock_timestamp() - v_beat >= interval '100 ms' THEN
+            PERFORM mailbox._numberer_beat(true);
+            v_beat := pg_catalog.clock_timestamp();
+        END IF;
         COMMIT;
         EXIT WHEN pg_catalog.clock_timestamp() >= v_end;
         IF v_done > 0 THEN
@@ -188,6 +252,8 @@ BEGIN
             COMMIT;
         END IF;
     END LOOP;
+    PERFORM mailbox._numberer_beat(false);
+    COMMIT;
     PERFORM pg_catalog.pg_advisory_unlock(7168634, 0);
 END
 $$;
@@ -248,6 +314,7 @@ REVOKE ALL ON PROCEDURE mailbox.run_numberer(int) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE mailbox.run_numberer(int) TO mailbox_admin;
 GRANT EXECUTE ON FUNCTION
     mailbox._numberer_start(int),
+    mailbox._numberer_beat(boolean),
     mailbox._numberer_pass(),
     mailbox._numberer_has_waiters(),
     mailbox.schedule_numberer(),

@@ -65,11 +65,26 @@ COMMENT ON TABLE mailbox._outbox_parked IS
 'pg_mailbox: rows a consumer parked (poison), kept until unparked and acknowledged';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_parked', '');
 
-CREATE VIEW mailbox.outbox_parked AS
+-- The outboxes whose groups the caller may read (consume), for the views below; as
+-- consumer_lag() lists only those groups.
+CREATE FUNCTION mailbox._readable_group_outboxes()
+RETURNS SETOF int
+LANGUAGE sql STABLE
+SECURITY DEFINER -- reads the group and grant catalogs for a mailbox_consumer caller
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT k FROM mailbox._consumable_outboxes() AS k;
+$$;
+
+-- security_barrier: a caller's own functions in a WHERE clause run only on rows it may see
+CREATE VIEW mailbox.outbox_parked WITH (security_barrier) AS
 SELECT p.group_name AS "group", p.outbox_id, p.event_id, p.part AS partition, p.reason, p.parked_at
   FROM mailbox._outbox_parked AS p
- WHERE p.unparked_at IS NULL;
-COMMENT ON VIEW mailbox.outbox_parked IS 'rows parked by a consumer group (mailbox.outbox_park), until unparked';
+  JOIN mailbox._consumer_group AS g ON g.group_name = p.group_name
+ WHERE p.unparked_at IS NULL
+   AND g.outbox_key IN (SELECT k FROM mailbox._readable_group_outboxes() AS k);
+COMMENT ON VIEW mailbox.outbox_parked IS
+'rows parked by a consumer group (mailbox.outbox_park), until unparked; of the outboxes the caller may consume';
 
 -- The partition count of an outbox (1: not partitioned).
 CREATE FUNCTION mailbox._outbox_partitions(p_key int)
@@ -80,16 +95,23 @@ AS $$
     SELECT coalesce((SELECT p.partitions FROM mailbox._outbox_partitioning AS p WHERE p.outbox_key = p_key), 1);
 $$;
 
--- p_partitions of create_outbox / enable_outbox: 22023 outside 1 .. 256.
+-- p_partitions of create_outbox / enable_outbox: 22023 outside 1 .. 256, 22004 for NULL,
+-- with the HINT every argument check gives (1: no partitions, §2.2 semantics).
+-- (Not through _check_positive: enable_outbox runs it as the table owner, who may not call
+-- that one.)
 CREATE FUNCTION mailbox._check_partitions(p_partitions int)
 RETURNS int
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF p_partitions IS NULL OR p_partitions < 1 OR p_partitions > 256 THEN
-        RAISE EXCEPTION 'invalid p_partitions: %', coalesce(p_partitions::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'Pass 1 to 256 partitions (1: no per-key order, §2.2 semantics).';
+    IF p_partitions IS NULL THEN
+        RAISE EXCEPTION 'p_partitions must not be null'
+            USING ERRCODE = '22004', HINT = 'Pass p_partitions from 1 to 256 (1: no per-key order, §2.2 semantics).';
+    END IF;
+    IF p_partitions < 1 OR p_partitions > 256 THEN
+        RAISE EXCEPTION 'invalid p_partitions: %', p_partitions
+            USING ERRCODE = '22023', HINT = 'Pass p_partitions from 1 to 256 (1: no per-key order, §2.2 semantics).';
     END IF;
     RETURN p_partitions;
 END

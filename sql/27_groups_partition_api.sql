@@ -277,7 +277,10 @@ BEGIN
     IF v_min IS NOT NULL THEN
         v_n := (SELECT pg_catalog.count(*) FROM mailbox._outbox_part AS x
                  WHERE x.outbox_key = p_key AND x.outbox_id > v_min AND x.outbox_id <= p_last_offset
-                   AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]);
+                   AND x.outbox_id > v_ack[x.part + 1] AND x.outbox_id <= v_del[x.part + 1]
+                   -- a parked row was acknowledged by outbox_park (an unparked one below)
+                   AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                                    WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id));
         UPDATE mailbox._partition_lease AS pl SET acked_offset = least(pl.delivered_offset, p_last_offset)
          WHERE pl.group_name = p_group AND pl.part = ANY (v_parts);
     END IF;
@@ -336,3 +339,4 @@ COMMENT ON VIEW mailbox.consumer_partition_lag IS
 'per partition of each partitioned group: holder, acknowledged and delivered offsets, rows in flight, lag';
 
 GRANT SELECT ON mailbox.consumer_partition_lag, mailbox.outbox_parked TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox._readable_group_outboxes() TO mailbox_consumer;

@@ -131,10 +131,11 @@ def part_of(db, key, parts):
     return scalar(db, "SELECT (abs(hashtext(coalesce(%s, ''))::bigint) %% %s)::int", [key, parts])
 
 
-def finding(reason, raises=AssertionError):
+def finding(reason, raises=AssertionError, strict=True):
     """A pinned bug: the test states what SPEC requires and fails, with this exception,
-    until the bug is fixed (then strict xfail turns it red so the mark goes)."""
-    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
+    until the bug is fixed (then strict xfail turns it red so the mark goes). strict=False
+    only for a bug whose failure depends on timing (the reason says so)."""
+    return pytest.mark.xfail(strict=strict, raises=raises, reason=reason)
 
 
 def assert_new_rows_delivered(db, connect):
@@ -147,11 +148,6 @@ def assert_new_rows_delivered(db, connect):
 # ============================================================ findings (pinned bugs)
 
 
-@finding(
-    "finding 1: run_numberer keeps its session advisory lock after an error "
-    "(cancel, statement_timeout, CALL inside a transaction block): polls then believe a "
-    "numberer runs, never number inline, and delivery stops for every outbox",
-)
 def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connect):
     db = box
     # psycopg's default (non-autocommit) mode: CALL runs inside a transaction block, so the
@@ -164,10 +160,6 @@ def test_finding1_a_numberer_that_errors_out_must_not_stall_delivery(box, connec
     assert_new_rows_delivered(db, connect)
 
 
-@finding(
-    "finding 1b: a numberer cancelled (pg_cancel_backend / statement_timeout) keeps "
-    "the lock in its session; polls stop numbering inline",
-)
 def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
     db = box
     n = Numberer(connect, db)
@@ -177,10 +169,6 @@ def test_finding1b_a_cancelled_numberer_must_not_stall_delivery(box, connect):
     assert_new_rows_delivered(db, connect)
 
 
-@finding(
-    "finding 2: numberer liveness is a plain advisory lock (7168634, 0) that any role "
-    "able to connect may take: a role with no pg_mailbox privilege stops all delivery",
-)
 def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect):
     db = box
     nobody = make_role(db)  # no mailbox role at all
@@ -194,11 +182,6 @@ def test_finding2_a_role_without_privileges_cannot_fake_a_numberer(box, connect)
         drop_role(db, nobody)
 
 
-@finding(
-    "finding 3: with the default consumer_slot_rows (100) an idle poll transaction "
-    "with a batch smaller than a slot hides the slot's remainder (rows not leased to it) "
-    "from the other consumers of its group until it ends (SPEC 2.2.4)",
-)
 def test_finding3_idle_small_batch_holds_back_only_its_own_rows(box, connect):
     db = box
     n = Numberer(connect, db)  # default slot size
@@ -222,7 +205,9 @@ def test_finding3_idle_small_batch_holds_back_only_its_own_rows(box, connect):
 @finding(
     "finding 4: seek_offset numbers inline (_sequence_all) even while a numberer runs "
     "and then waits for an idle consumer's locked lease: the outbox's sequencer row stays "
-    "locked, so numbering stops for every group of the outbox (SPEC 2.2.4)",
+    "locked, so numbering stops for every group of the outbox (SPEC 2.2.4); timing-dependent:"
+    " the stall shows only when the seek takes the sequencer row before a numberer pass does",
+    strict=False,
 )
 def test_finding4_a_seek_waiting_on_an_idle_consumer_stalls_no_other_group(numberer, connect):
     db = numberer.db
@@ -307,11 +292,6 @@ def test_finding6_views_agree_with_consumer_lag_on_partitioned_groups(db, connec
     assert group == [(0, 12, 5)]
 
 
-@finding(
-    "finding 7: on an unpartitioned outbox outbox_park does not acknowledge the row: "
-    "after the parking consumer crashes its lease expires and the parked row is delivered "
-    "again to another consumer (SPEC 2.3: park acknowledges the row for this group)",
-)
 def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect):
     db = box
     publish(db, "e", 3)
@@ -324,11 +304,6 @@ def test_finding7_a_parked_row_is_not_redelivered_on_one_partition(box, connect)
     assert offsets(poll(b, "g", "b", batch=10)) == [1, 3]
 
 
-@finding(
-    "finding 8: the p_partitions HINT does not name the argument (every other "
-    "argument check's HINT does: 'Pass p_batch_size from 1 to ...'); NULL gives 22023 where "
-    "every other NULL argument gives 22004",
-)
 def test_finding8_p_partitions_errors_name_the_argument(db):
     for bad in (0, 257, -1):
         with raises("22023") as info:
@@ -338,11 +313,6 @@ def test_finding8_p_partitions_errors_name_the_argument(db):
         db.execute("SELECT mailbox.create_outbox('bad', p_partitions => NULL)")
 
 
-@finding(
-    "finding 9: mailbox.outbox_parked (SELECT granted to mailbox_consumer) lists the "
-    "parked rows -- event ids and free-text reasons -- of outboxes with per-object grants "
-    "to everybody, also to consumers without a consume grant",
-)
 def test_finding9_parked_rows_of_a_granted_outbox_are_hidden_from_strangers(db, connect):
     team = make_role(db)
     stranger = make_role(db, "mailbox_consumer")
@@ -800,11 +770,6 @@ def test_park_unpark_survives_retention(db, connect):
         c.execute("SELECT mailbox.outbox_park('pg', 'c', 2, 'x')")
 
 
-@finding(
-    "finding 12: commit_offset counts parked rows (already acknowledged by outbox_park) "
-    "again -- also a row another consumer parked that this one never received (partitioned "
-    "takeover): the returned count exceeds the rows this commit acknowledged",
-)
 def test_finding12_commit_after_park_counts_only_what_it_acknowledges(db, connect):
     db.execute("SELECT mailbox.create_outbox('p', p_partitions => 4)")
     db.execute("SELECT mailbox.create_consumer_group('pg', 'p', 'earliest')")
@@ -1125,14 +1090,6 @@ def test_the_numberer_runs_as_a_plain_mailbox_admin(box, connect):
         drop_role(db, admin)
 
 
-@finding(
-    "finding 14: two consumers that poll and commit_offset in one transaction "
-    "deadlock when the numberer stops in between: each poll's split lease INSERT holds a "
-    "KEY SHARE lock on the group row (foreign key), and each inline-mode commit_offset then "
-    "asks for FOR UPDATE on it; the victim's poll rolls back, so rows it already handed to "
-    "the application are delivered again without any lease expiring (SPEC 2.2.7)",
-    raises=psycopg.errors.DeadlockDetected,
-)
 def test_finding14_numberer_stopping_between_poll_and_commit_deadlocks_no_one(box, connect):
     db = box
     n = Numberer(connect, db, slot_rows=2)
@@ -1141,17 +1098,20 @@ def test_finding14_numberer_stopping_between_poll_and_commit_deadlocks_no_one(bo
         lambda: scalar(db, "SELECT count(*) FROM mailbox._lease WHERE group_name = 'g'") == 2,
         what="slots",
     )
-    a, b = connect(autocommit=False), connect(autocommit=False)
+    a, b = timed(connect, 5000, autocommit=False), timed(connect, 5000, autocommit=False)
     assert offsets(poll(a, "g", "a", batch=1)) == [1]  # splits slot 1..2
     assert offsets(poll(b, "g", "b", batch=1)) == [3]  # splits slot 3..4
     n.kill()  # its run ends (run_numberer(59) from pg_cron ends every minute)
-    first = Bg(lambda: commit(a, "g", "a", 1))
-    assert wait_blocked(db, a, first)
+    # without a numberer, commits of a group take turns on its row: the first one goes
+    # through (the group row lock, FOR NO KEY UPDATE, does not conflict with the polls'
+    # KEY SHARE), the second waits for the first's transaction -- and nobody deadlocks
     try:
-        assert commit(b, "g", "b", 3) == 1
-        b.commit()
-        assert first.result() == 1
+        assert commit(a, "g", "a", 1) == 1
+        second = Bg(lambda: commit(b, "g", "b", 3))
+        assert wait_blocked(db, b, second)
         a.commit()
+        assert second.result() == 1
+        b.commit()
     finally:
         a.rollback()
         b.rollback()
