@@ -211,12 +211,19 @@ CREATE PROCEDURE mailbox.run_numberer(p_seconds int DEFAULT 60)
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_path text := pg_catalog.current_setting('search_path');
     v_end timestamptz;
     v_done bigint;
     v_idle_ms int := 1;
     v_beat timestamptz;
 BEGIN
+    -- A procedure that commits may not have a SET clause, so the search path is pinned here,
+    -- first: pg_cron runs this as the scheduling role, and an operator resolved through the
+    -- caller's path (a "/" in public, say) would run as it. Restored when it returns (an
+    -- error leaves the pinned path in the session).
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, mailbox, pg_temp', false);
     IF p_seconds IS NULL OR p_seconds < 1 OR p_seconds > 86400 THEN
+        PERFORM pg_catalog.set_config('search_path', v_path, false);
         RAISE EXCEPTION 'invalid p_seconds: %', p_seconds
             USING ERRCODE = '22023', HINT = 'Pass 1 to 86400 seconds.';
     END IF;
@@ -225,6 +232,7 @@ BEGIN
     IF NOT mailbox._numberer_start(2000) THEN
         RAISE NOTICE 'a numberer is already running in database %', pg_catalog.current_database()
             USING HINT = 'One numberer per database is enough; this call returns at once.';
+        PERFORM pg_catalog.set_config('search_path', v_path, false);
         RETURN;
     END IF;
     v_end := pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => p_seconds);
@@ -255,6 +263,7 @@ BEGIN
     PERFORM mailbox._numberer_beat(false);
     COMMIT;
     PERFORM pg_catalog.pg_advisory_unlock(7168634, 0);
+    PERFORM pg_catalog.set_config('search_path', v_path, false);
 END
 $$;
 COMMENT ON PROCEDURE mailbox.run_numberer(int) IS -- noqa: LT01

@@ -52,8 +52,8 @@ def test_every_security_definer_function_pins_search_path(db):
 def test_every_function_has_a_pinned_search_path(db):
     # Two exceptions: enable_outbox, an invoker function that must resolve its table
     # argument with the caller's search_path (it calls the definer _enable_outbox), and the
-    # procedure run_numberer, which commits and so may not have a SET clause (it names every
-    # object with its schema)
+    # procedure run_numberer, which commits and so may not have a SET clause (it pins the
+    # path with set_config first: test_run_numberer_resolves_no_operator_through_the_callers_path)
     got = rows(
         db,
         """
@@ -164,3 +164,25 @@ def test_admin_manages_outboxes_on_tables_it_may_read_and_trigger(db, connect, a
     assert scalar(conn, "SELECT mailbox.outbox_snapshot('t')") == 0
     conn.execute("SELECT mailbox.drop_outbox('t')")
     conn.execute("SELECT mailbox.drop_outbox('e')")
+
+
+def test_run_numberer_resolves_no_operator_through_the_callers_path(db):
+    """pg_cron runs the numberer as the role that scheduled it. An operator that a tenant put
+    on the caller's search_path (an exact match for int / numeric, which pg_catalog lacks)
+    must not run inside it; the caller's path comes back afterwards."""
+    db.execute("CREATE SCHEMA hostile")
+    db.execute("CREATE TABLE hostile.ran (who text)")
+    db.execute(
+        "CREATE FUNCTION hostile.div(integer, numeric) RETURNS numeric LANGUAGE plpgsql AS"
+        " $$ BEGIN INSERT INTO hostile.ran VALUES (current_user); RETURN $1::numeric / $2; END $$"
+    )
+    db.execute(
+        "CREATE OPERATOR hostile./ (LEFTARG = integer, RIGHTARG = numeric, FUNCTION = hostile.div)"
+    )
+    db.execute("SET search_path = hostile, pg_catalog")
+    scalar(db, "SELECT 1 / 1000.0")  # the operator is the one this path resolves
+    assert scalar(db, "SELECT count(*) FROM ran") == 1
+    db.execute("CALL mailbox.run_numberer(1)")  # idles with pg_sleep(v_idle_ms / 1000.0)
+    assert scalar(db, "SELECT count(*) FROM hostile.ran") == 1  # only the check above
+    assert scalar(db, "SHOW search_path") == "hostile, pg_catalog"
+    db.execute("RESET search_path")
