@@ -6,6 +6,7 @@
 #   make test             bootstrap + build + install + lint + the whole pytest suite
 #   make lint             ruff + sqlfluff only
 #   make demo             bootstrap + build + install, then `pg-mailbox demo` (DEMO_ARGS=...)
+#   make dist             the PGXN distribution pg_mailbox-$(EXTVERSION).zip (docs/install.md)
 #
 # See docs/development.md.
 
@@ -83,9 +84,14 @@ demo:
 	bash scripts/install-extension.sh
 	.venv/bin/pg-mailbox demo $(DEMO_ARGS)
 
-# PGXN release archive of the committed tree.
-dist:
-	git archive --format zip --prefix=$(EXTENSION)-$(EXTVERSION)/ -o $(EXTENSION)-$(EXTVERSION).zip HEAD
+# PGXN release archive: the committed tree (HEAD; .gitattributes export-ignores the
+# development files) plus the built script META.json's `provides` names.
+# `make dist DIST=/elsewhere/x.zip` writes it elsewhere (a read-only checkout).
+DIST ?= $(EXTENSION)-$(EXTVERSION).zip
+dist: $(EXTENSION)--$(EXTVERSION).sql
+	@git diff --quiet HEAD -- || echo "warning: uncommitted changes are not in $(DIST) (git archive of HEAD)" >&2
+	git archive --format zip --prefix=$(EXTENSION)-$(EXTVERSION)/ \
+	  --add-file=$(EXTENSION)--$(EXTVERSION).sql -o $(DIST) HEAD
 
 # `make -s print-EXTVERSION`: lets scripts and tests read what make computed.
 print-%:

@@ -7,18 +7,22 @@ RabbitMQ publisher confirms) before committing. Beside them, in the same run, a 
 hand-written loop (poll_outbox -> publish with the same client library -> wait for acks
 -> commit_offset) on the same backlog: the ratio relay / hand-written is the relay's cost.
 
-Rules: the backlog is published once (transactions of 1000) and numbered before any clock
-starts (consumer_lag() numbers every row), then every cell reads it through a consumer
-group of its own created 'earliest', into a stream or queue of its own, so no cell sees
-another's dedup state. A relay cell's clock starts at the relay's "started" log line
-(process start-up is not counted) and stops when the group offset reaches --rows.
+Rules: every cell drains a backlog of its own that no consumer has read: a fresh outbox,
+--rows events published in transactions of 1000 before the clock starts and NOT numbered,
+so the first polls number it inside the clock exactly as they would for a relay started on
+a real backlog (no numberer runs; the poll numbers inline, the default). Each cell reads
+through a consumer group created 'earliest' into a stream or queue of its own, so no cell
+sees another's dedup state. A relay cell's clock starts at the relay's "started" log line
+(process start-up is not counted) and stops when the group offset reaches --rows. --rounds
+repeats every cell, alternating whether the hand-written loop or the relays go first; the
+table shows median rates and the median of the per-round ratios.
 
 Latency: one relay, --poll-interval 5, waiting on LISTEN; the bench commits one event at a
 time and measures commit -> message seen by a core NATS subscriber of the subject
 (after JetStream stored it): p50/p99 over --latency-samples.
 
 Usage: python bench/relay_bench.py [--dsn DSN] [--rows 20000] [--batches 100,1000]
-       [--relays 1,2] [--sinks nats,amqp] [--latency-samples 200] [--quick]
+       [--relays 1,2] [--sinks nats,amqp] [--rounds 3] [--latency-samples 200] [--quick]
 Without --dsn a throwaway cluster is started (pg_mailbox.cluster) and removed afterwards.
 Needs NATS (JetStream) on 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest).
 """
@@ -56,27 +60,26 @@ def percentile(samples: list[float], q: float) -> float:
 # --- preparation -------------------------------------------------------------------------
 
 
-def prepare(db: psycopg.Connection, rows: int) -> None:
-    db.execute("SELECT mailbox.drop_outbox('bench', true)")
-    db.execute("SELECT mailbox.create_outbox('bench')")
+def prepare(db: psycopg.Connection, rows: int) -> tuple[str, str]:
+    """A fresh outbox holding an unread, unnumbered backlog and an 'earliest' group on it."""
+    outbox = f"rb_{uuid.uuid4().hex[:8]}"
+    db.execute("SELECT mailbox.create_outbox(%s)", [outbox])
     for start in range(1, rows + 1, 1000):
         end = min(rows, start + 999)
         db.execute(
-            f"SELECT count(*) FROM mailbox.outbox_publish_batch('bench',"
+            f"SELECT count(*) FROM mailbox.outbox_publish_batch(%s,"
             f" ARRAY(SELECT {PAYLOAD} FROM generate_series(%s::int, %s::int) g),"
             " '{}', NULL, 'order.created')",
-            [start, end],
+            [outbox, start, end],
         )
-    # number every row now, so no cell pays (or dodges) the numbering
-    db.execute("SELECT mailbox.create_consumer_group('bench_numbering', 'bench', 'earliest')")
-    db.execute("SELECT count(*) FROM mailbox.consumer_lag('bench_numbering')")
-    db.execute("CHECKPOINT")
+    group = f"g_{outbox}"
+    db.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [group, outbox])
+    db.execute("CHECKPOINT")  # no cell pays for the previous cell's dirty pages
+    return outbox, group
 
 
-def new_group(db: psycopg.Connection) -> str:
-    name = f"g_{uuid.uuid4().hex[:8]}"
-    db.execute("SELECT mailbox.create_consumer_group(%s, 'bench', 'earliest')", [name])
-    return name
+def discard(db: psycopg.Connection, outbox: str) -> None:
+    db.execute("SELECT mailbox.drop_outbox(%s, true)", [outbox])
 
 
 def group_offset(db: psycopg.Connection, group: str) -> int:
@@ -135,7 +138,7 @@ def drop_target(kind: str, name: str) -> None:
 
 
 def relay_cell(dsn: str, db, kind: str, batch: int, relays: int, rows: int, tmp: str) -> float:
-    group = new_group(db)
+    outbox, group = prepare(db, rows)
     target = f"rb_{uuid.uuid4().hex[:8]}"
     make_target(kind, target)
     procs, errs = [], []
@@ -189,7 +192,7 @@ def relay_cell(dsn: str, db, kind: str, batch: int, relays: int, rows: int, tmp:
         for p in procs:
             p.wait(30)
         drop_target(kind, target)
-        db.execute("SELECT mailbox.drop_consumer_group(%s)", [group])
+        discard(db, outbox)
 
 
 async def _hand_loop(dsn: str, kind: str, batch: int, rows: int, group: str, target: str):
@@ -257,14 +260,14 @@ async def _hand_loop(dsn: str, kind: str, batch: int, rows: int, group: str, tar
 
 
 def hand_cell(dsn: str, db, kind: str, batch: int, rows: int) -> float:
-    group = new_group(db)
+    outbox, group = prepare(db, rows)
     target = f"hb_{uuid.uuid4().hex[:8]}"
     make_target(kind, target)
     try:
         return asyncio.run(_hand_loop(dsn, kind, batch, rows, group, target))
     finally:
         drop_target(kind, target)
-        db.execute("SELECT mailbox.drop_consumer_group(%s)", [group])
+        discard(db, outbox)
 
 
 async def _latency(dsn: str, samples: int, tmp: str) -> list[float]:
@@ -345,11 +348,12 @@ def main() -> int:
     ap.add_argument("--batches", default="100,1000")
     ap.add_argument("--relays", default="1,2")
     ap.add_argument("--sinks", default="nats,amqp")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--latency-samples", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     args = ap.parse_args()
     if args.quick:
-        args.rows, args.latency_samples, args.relays = 2000, 20, "1,2"
+        args.rows, args.latency_samples, args.relays, args.rounds = 2000, 20, "1,2", 1
     batches = [int(x) for x in args.batches.split(",")]
     relays = [int(x) for x in args.relays.split(",")]
     sinks = args.sinks.split(",")
@@ -370,28 +374,40 @@ def main() -> int:
             print("command: " + " ".join(["python", "bench/relay_bench.py", *sys.argv[1:]]))
             for line in machine(db):
                 print(line)
-            progress(f"publishing a backlog of {args.rows} events")
-            prepare(db, args.rows)
-            rows = []
-            for kind in sinks:
-                for batch in batches:
-                    progress(f"{kind} batch {batch}: hand-written loop")
-                    hand = hand_cell(dsn, db, kind, batch, args.rows)
-                    for n in relays:
-                        progress(f"{kind} batch {batch}: {n} relay(s)")
-                        rate = relay_cell(dsn, db, kind, batch, n, args.rows, tmp)
-                        rows.append((kind, batch, n, rate, hand))
+            samples: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+            for rnd in range(args.rounds):
+                for kind in sinks:
+                    for batch in batches:
+                        # alternate who goes first, so drift in the machine's load
+                        # does not always favour the same side
+                        hand_first = rnd % 2 == 0
+                        hand = None
+                        if hand_first:
+                            progress(f"round {rnd + 1}: {kind} batch {batch}: hand-written loop")
+                            hand = hand_cell(dsn, db, kind, batch, args.rows)
+                        rates = {}
+                        for n in relays:
+                            progress(f"round {rnd + 1}: {kind} batch {batch}: {n} relay(s)")
+                            rates[n] = relay_cell(dsn, db, kind, batch, n, args.rows, tmp)
+                        if not hand_first:
+                            progress(f"round {rnd + 1}: {kind} batch {batch}: hand-written loop")
+                            hand = hand_cell(dsn, db, kind, batch, args.rows)
+                        for n in relays:
+                            samples.setdefault((kind, batch, n), []).append((rates[n], hand))
             print()
-            print(f"outbox -> broker, unread backlog of {args.rows} events, msg/s")
+            print(
+                f"outbox -> broker, each cell a fresh unread backlog of {args.rows} events"
+                f" (numbering inside the clock), msg/s, medians of {args.rounds} round(s)"
+            )
             print(
                 f"{'sink':<6} {'batch':>6} {'relays':>6} {'relay msg/s':>12}"
                 f" {'hand loop msg/s':>16} {'relay/hand':>10}"
             )
-            for kind, batch, n, rate, hand in rows:
-                print(
-                    f"{kind:<6} {batch:>6} {n:>6} {rate:>12,.0f} {hand:>16,.0f}"
-                    f" {rate / hand:>10.2f}"
-                )
+            for (kind, batch, n), pairs in samples.items():
+                rate = statistics.median(r for r, _ in pairs)
+                hand = statistics.median(h for _, h in pairs)
+                ratio = statistics.median(r / h for r, h in pairs)
+                print(f"{kind:<6} {batch:>6} {n:>6} {rate:>12,.0f} {hand:>16,.0f} {ratio:>10.2f}")
             if args.latency_samples:
                 progress("idle latency")
                 d = asyncio.run(_latency(dsn, args.latency_samples, tmp))

@@ -1,6 +1,7 @@
 -- pg_mailbox install script, part 00: roles, schema privileges, shared helpers.
 -- The Makefile joins sql/*.sql in lexical order into pg_mailbox--<version>.sql.
-
+-- "SPEC §x" in comments here and in plpython/, client/ and tests/ is a section of
+-- docs/spec.md, the product contract shipped with the code.
 
 -- Roles are cluster-wide: a second database installing the extension reuses them, and
 -- DROP EXTENSION leaves them in place (other databases may still use them).

@@ -1,4 +1,4 @@
--- Part 05: validation, settings and alert helpers shared by every other part.
+-- Part 05: validation and alert helpers shared by every other part (settings: part 04).
 
 -- Names become parts of identifiers (outbox_<N>, pending_<I>_<tier>), so they are checked
 -- before any DDL runs; 40 bytes keeps every derived name under NAMEDATALEN.
@@ -60,59 +60,6 @@ BEGIN
 END
 $$;
 
--- Settings are custom GUCs (mailbox.*). An unset GUC means the documented default; a value
--- that does not parse or is out of range is an error naming the GUC, never a silent default.
-CREATE FUNCTION mailbox._setting_int(p_name text, p_default int, p_min int, p_max int)
-RETURNS int
-LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_raw text := pg_catalog.current_setting('mailbox.' || p_name, true);
-    v_value bigint;
-BEGIN
-    IF v_raw IS NULL OR v_raw = '' THEN
-        RETURN p_default;
-    END IF;
-    IF v_raw !~ '^\s*-?[0-9]{1,18}\s*$' THEN
-        RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, pg_catalog.quote_literal(v_raw)
-            USING ERRCODE = '22023',
-                  HINT = pg_catalog.format('mailbox.%s takes an integer from %s to %s (default %s).',
-                                           p_name, p_min, p_max, p_default);
-    END IF;
-    v_value := v_raw::bigint;
-    IF v_value < p_min OR v_value > p_max THEN
-        RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, v_raw
-            USING ERRCODE = '22023',
-                  HINT = pg_catalog.format('mailbox.%s takes an integer from %s to %s (default %s).',
-                                           p_name, p_min, p_max, p_default);
-    END IF;
-    RETURN v_value::int;
-END
-$$;
-
-CREATE FUNCTION mailbox._setting_bool(p_name text, p_default boolean)
-RETURNS boolean
-LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_raw text := pg_catalog.lower(pg_catalog.btrim(pg_catalog.current_setting('mailbox.' || p_name, true)));
-BEGIN
-    IF v_raw IS NULL OR v_raw = '' THEN
-        RETURN p_default;
-    ELSIF v_raw IN ('on', 'true', 'yes', '1', 't', 'y') THEN
-        RETURN true;
-    ELSIF v_raw IN ('off', 'false', 'no', '0', 'f', 'n') THEN
-        RETURN false;
-    END IF;
-    RAISE EXCEPTION 'invalid value for setting mailbox.%: %', p_name, pg_catalog.quote_literal(v_raw)
-        USING ERRCODE = '22023',
-              HINT = pg_catalog.format('mailbox.%s takes on or off (default %s).',
-                                       p_name, CASE WHEN p_default THEN 'on' ELSE 'off' END);
-END
-$$;
-
 -- Alerts: a durable row for dashboards and a NOTIFY for whoever listens right now.
 CREATE TABLE mailbox.alert_log (
     alert_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -141,6 +88,13 @@ BEGIN
 END
 $$;
 
+-- pg_mailbox's advisory locks, all of them: no other code (SQL or Python) writes a key; the
+-- first three are taken only through their functions, the numberer's only in part 24.
+--   (7168632, 1)     _ddl_lock()              pg_mailbox DDL in this database
+--   (7168632, 2)     _try_maintenance_lock()  one maintenance pass at a time
+--   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
+--   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
+
 -- Serialises pg_mailbox DDL (create/enable/drop) in this database, so two concurrent calls
 -- for the same name or table give one success and one clean 42710 instead of a unique
 -- violation. Hot paths never take it. The key pair is pg_mailbox's own (classid 'mbx').
@@ -150,6 +104,15 @@ LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
+$$;
+
+-- One maintenance pass at a time: false (and no wait) while another pass runs.
+CREATE FUNCTION mailbox._try_maintenance_lock()
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 2);
 $$;
 
 -- Table owners' code that pg_mailbox itself runs on the owner's behalf while serving someone

@@ -212,7 +212,7 @@ AS $$
 DECLARE
     v_me xid8 := pg_catalog.pg_current_xact_id();
     v_snap pg_snapshot := pg_catalog.pg_current_snapshot();
-    v_chunk int := mailbox._setting_int('outbox_chunk_rows', 1000, 1, 1000000);
+    v_chunk int := mailbox._setting_int('outbox_chunk_rows');
     v_head bigint;
     v_ids bigint[];
     v_part bigint[];

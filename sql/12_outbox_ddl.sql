@@ -147,23 +147,38 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION mailbox._derive_outbox_name_py(p_schema text, p_table text)
-RETURNS jsonb
-LANGUAGE plpython3u STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-if GD.get("mailbox.version") != "@EXTVERSION@":
-    plpy.execute("SELECT mailbox._python_load()")
-from mailbox_server import errors, naming
-return errors.envelope(plpy, naming.derive_outbox_name_sql, p_schema, p_table)
-$$;
-
+-- The outbox name enable_outbox gives a table when the caller names none: the table's name
+-- (ASCII letters lowercased, every other character but [a-z0-9_] as '_', a leading digit
+-- prefixed with '_') when that is a valid name that is free; otherwise its first 32 bytes,
+-- '_' and 7 hex digits of md5('schema.table'), which is unique per schema-qualified table.
+-- 42710 when even that is taken.
 CREATE FUNCTION mailbox._derive_outbox_name(p_schema text, p_table text)
 RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT mailbox._unwrap(mailbox._derive_outbox_name_py(p_schema, p_table)) #>> '{}';
+DECLARE
+    v_base text := pg_catalog.regexp_replace(
+        pg_catalog.translate(p_table, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+        '[^a-z0-9_]', '_', 'g');
+    v_name text;
+BEGIN
+    IF v_base = '' OR v_base ~ '^[0-9]' THEN
+        v_base := '_' || v_base;
+    END IF;
+    v_name := v_base;
+    IF pg_catalog.octet_length(v_name) > 40
+       OR EXISTS (SELECT 1 FROM mailbox._outbox AS o WHERE o.outbox_name = v_name) THEN
+        v_name := pg_catalog.left(v_base, 32) || '_' || pg_catalog.left(pg_catalog.md5(p_schema || '.' || p_table), 7);
+    END IF;
+    IF EXISTS (SELECT 1 FROM mailbox._outbox AS o WHERE o.outbox_name = v_name) THEN
+        RAISE EXCEPTION 'outbox already exists: %', v_name
+            USING ERRCODE = '42710',
+                  DETAIL = pg_catalog.format('The name derived for table %s.%s is in use.', p_schema, p_table),
+                  HINT = 'Pass p_outbox_name to choose another name.';
+    END IF;
+    RETURN v_name;
+END
 $$;
 
 CREATE FUNCTION mailbox._enable_outbox(

@@ -8,9 +8,10 @@
 -- extension owner's (docs/security.md, "Whose rights run what"). The table owner gets exactly
 -- what this function needs: INSERT on its own outbox's two partitions (the columns a capture
 -- writes; _id, _xid, event_id and created_at always come from their defaults), SELECT on _id
--- (RETURNING), USAGE on the row sequence, EXECUTE on the setting parsers and SELECT of who is
--- waiting for a wake-up (part 17: outbox keys and times only). Writing its own
--- outbox directly is no more than the owner can do by writing its own table.
+-- (RETURNING), USAGE on the row sequence, EXECUTE on the setting parsers and the registry they
+-- read (part 04) and SELECT of who is waiting for a wake-up (part 17: outbox keys and times
+-- only). Writing its own outbox directly is no more than the owner can do by writing its own
+-- table.
 --
 -- The function body is static SQL with the outbox's partitions written in, so PL/pgSQL caches
 -- its plans, and it reads no catalog beyond one check that the table still has the owner the
@@ -33,7 +34,6 @@ DECLARE
     v_threshold int := %4$s;
     v_row bigint;
     v_waiting boolean;
-    v_notify text;
 BEGIN
     -- The producer's hot path: one statement checks and counts, one writes the row (with its
     -- JSON built in the INSERT and the wake-up check in its RETURNING): every statement a
@@ -73,14 +73,13 @@ BEGIN
         INTO v_waiting;
     ELSE
         IF v_ins + v_del = 0
-           AND (pg_catalog.current_setting('mailbox.outbox_skip_empty_delta', true) IS NULL
-                OR mailbox._setting_bool('outbox_skip_empty_delta', true)) THEN
+           AND mailbox._setting_bool('outbox_skip_empty_delta') THEN
             RETURN NULL;
         END IF;
         IF v_threshold IS NULL THEN
             v_threshold := CASE WHEN pg_catalog.current_setting('mailbox.outbox_inline_threshold_rows', true) IS NULL
-                                THEN 10000
-                                ELSE mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647) END;
+                                THEN %8$s
+                                ELSE mailbox._setting_int('outbox_inline_threshold_rows') END;
         END IF;
         IF v_ins + v_del > v_threshold THEN
             INSERT INTO mailbox.%2$I
@@ -137,15 +136,9 @@ BEGIN
             INTO v_waiting;
         END IF;
     END IF;
-    -- wake a waiting consumer (part 17); the setting is read only then: unset (NULL) means
-    -- on, the common spellings are read here, anything else goes through the strict parser,
-    -- which raises for a bad value
-    IF v_waiting THEN
-        v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-        IF v_notify IS NULL OR v_notify IN ('on', 'true')
-           OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
-            PERFORM pg_catalog.pg_notify('mailbox_outbox_new', %3$s);
-        END IF;
+    -- wake a waiting consumer (part 17); the setting is read only then (a bad value raises)
+    IF v_waiting AND mailbox._setting_bool('outbox_notify') THEN
+        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', %3$s);
     END IF;
     RETURN NULL;
 END
@@ -160,6 +153,8 @@ $body$,
         || ', ''INSERT'')',
         -- whether a consumer waits for a wake-up (part 17), read in each INSERT's RETURNING
         pg_catalog.format('EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w WHERE w.outbox_key = %s'
-                          ' AND w.waiting_until > pg_catalog.now())', p_key));
+                          ' AND w.waiting_until > pg_catalog.now())', p_key),
+        -- the default inline threshold, from the settings registry (part 04)
+        mailbox._setting_default('outbox_inline_threshold_rows'));
 END
 $gen$;

@@ -12,7 +12,7 @@ BEGIN
     -- PostgreSQL folds identical notifications of one transaction into one and drops those of
     -- a rolled-back transaction or subtransaction: one wake-up per committed transaction.
     -- only while a consumer of the outbox waits for a wake-up (part 17)
-    IF mailbox._setting_bool('outbox_notify', true)
+    IF mailbox._setting_bool('outbox_notify')
        AND EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w JOIN mailbox._outbox AS o USING (outbox_key)
                     WHERE o.outbox_name = p_name AND w.waiting_until > pg_catalog.now()) THEN
         PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_name);
@@ -73,8 +73,8 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA mailbox TO %s', v_owner);
     EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE mailbox._outbox_row_seq TO %s', v_owner);
     EXECUTE pg_catalog.format(
-        'GRANT EXECUTE ON FUNCTION mailbox._setting_bool(text, boolean), mailbox._setting_int(text, int, int, int)'
-        ' TO %s', v_owner);
+        'GRANT EXECUTE ON FUNCTION mailbox._setting_bool(text), mailbox._setting_int(text),'
+        ' mailbox._settings(), mailbox._setting_missing(text, text) TO %s', v_owner);
     EXECUTE pg_catalog.format(
         'GRANT INSERT (outbox_key, source, event_type, payload, inserted_count, deleted_count, is_claim_check,'
         ' full_refresh), SELECT (_id) ON mailbox.%I TO %s', mailbox._outbox_relname(v_outbox.outbox_name, 'log'), v_owner);

@@ -80,7 +80,7 @@ BEGIN
       FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = v_rel;
     v_threshold := coalesce(v_outbox.inline_threshold_rows,
-                            mailbox._setting_int('outbox_inline_threshold_rows', 10000, 0, 2147483647));
+                            mailbox._setting_int('outbox_inline_threshold_rows'));
     EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', v_rel);
     -- The table owner owns its row reader and may ALTER it (SECURITY INVOKER would make this
     -- call run the owner's casts as the extension owner). Lock its catalog row, which holds off

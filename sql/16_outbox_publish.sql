@@ -35,7 +35,6 @@ DECLARE
     v_granted boolean;
     v_event uuid;
     v_waiting boolean;
-    v_notify text;
 BEGIN
     -- The producer's hot path: two statements (every statement costs an executor start-up,
     -- most of what a publish costs) and no nested helper calls (each one with its own SET
@@ -65,15 +64,9 @@ BEGIN
               EXISTS (SELECT 1 FROM mailbox._outbox_waiter AS w
                        WHERE w.outbox_key = v_key AND w.waiting_until > pg_catalog.now())
       INTO v_event, v_waiting;
-    -- wake a waiting consumer (part 17); the setting is read only then: unset (NULL) means
-    -- on, the common spellings are read here, anything else goes through the strict parser,
-    -- which raises for a bad value
-    IF v_waiting THEN
-        v_notify := pg_catalog.lower(pg_catalog.current_setting('mailbox.outbox_notify', true));
-        IF v_notify IS NULL OR v_notify IN ('on', 'true')
-           OR (v_notify NOT IN ('off', 'false') AND mailbox._setting_bool('outbox_notify', true)) THEN
-            PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
-        END IF;
+    -- wake a waiting consumer (part 17); the setting is read only then (a bad value raises)
+    IF v_waiting AND mailbox._setting_bool('outbox_notify') THEN
+        PERFORM pg_catalog.pg_notify('mailbox_outbox_new', p_outbox);
     END IF;
     RETURN v_event;
 END

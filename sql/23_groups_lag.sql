@@ -6,7 +6,7 @@ RETURNS interval
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-    SELECT pg_catalog.make_interval(secs => mailbox._setting_int('consumer_heartbeat_timeout_seconds', 60, 1, 86400000));
+    SELECT pg_catalog.make_interval(secs => mailbox._setting_int('consumer_heartbeat_timeout_seconds'));
 $$;
 
 -- The outboxes with groups whose state the caller may read: those it may consume
@@ -86,50 +86,8 @@ $$;
 COMMENT ON FUNCTION mailbox.consumer_lag(text) IS
 'per consumer (one row with NULL consumer for a group without any): offsets, lag in rows, in-flight rows, health';
 
-CREATE VIEW mailbox.consumer_status AS
-SELECT c.group_name, c.consumer_id, o.outbox_name, c.committed_offset,
-       CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl WHERE pl.group_name = g.group_name)
-            THEN g.group_offset -- partitioned: as stored by commits and the numberer
-            ELSE coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
-                            WHERE l.group_name = g.group_name), g.delivered_offset)
-       END AS group_offset,
-       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
-                  WHERE l.group_name = c.group_name AND l.consumer_id = c.consumer_id
-                    AND l.lease_until > pg_catalog.now()), 0) AS in_flight,
-       c.registered_at, c.last_heartbeat_at, c.last_commit_at,
-       pg_catalog.now() - c.last_heartbeat_at < mailbox._heartbeat_timeout() AS healthy,
-       -- the partitions it holds (partitioned outboxes, part 26)
-       coalesce((SELECT pg_catalog.array_agg(pl.part ORDER BY pl.part) FROM mailbox._partition_lease AS pl
-                  WHERE pl.group_name = c.group_name AND pl.consumer_id = c.consumer_id
-                    AND pl.lease_until > pg_catalog.now()), '{}') AS partitions
-  FROM mailbox._consumer AS c
-  JOIN mailbox._consumer_group AS g ON g.group_name = c.group_name
-  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
-COMMENT ON VIEW mailbox.consumer_status IS 'every consumer with its offsets, in-flight rows and health';
-
-CREATE VIEW mailbox.consumer_group_lag AS
-WITH live AS (
-    -- the group offset as mailbox._group_offset() computes it (which a view's caller may not
-    -- execute); a partitioned group's as stored by its commits and the numberer
-    SELECT g.group_name,
-           CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl WHERE pl.group_name = g.group_name)
-                THEN g.group_offset
-                ELSE coalesce((SELECT pg_catalog.min(l.first_offset) - 1 FROM mailbox._lease AS l
-                                WHERE l.group_name = g.group_name), g.delivered_offset)
-           END AS group_offset
-      FROM mailbox._consumer_group AS g
-)
-
-SELECT g.group_name, o.outbox_name, g.auto_offset_reset, x.group_offset, g.delivered_offset, o.head_offset,
-       o.head_offset - x.group_offset AS lag,
-       (SELECT pg_catalog.count(*) FROM mailbox._consumer AS c WHERE c.group_name = g.group_name) AS consumers,
-       coalesce((SELECT pg_catalog.sum(l.last_offset - l.first_offset + 1) FROM mailbox._lease AS l
-                  WHERE l.group_name = g.group_name AND l.lease_until > pg_catalog.now()), 0) AS in_flight
-  FROM mailbox._consumer_group AS g
-  JOIN live AS x ON x.group_name = g.group_name
-  JOIN mailbox._outbox AS o ON o.outbox_key = g.outbox_key;
-COMMENT ON VIEW mailbox.consumer_group_lag IS
-'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';
+-- mailbox.consumer_status and mailbox.consumer_group_lag: part 29 (they need part 26's
+-- functions for partitioned groups).
 
 CREATE VIEW mailbox.consumer_active_leases AS
 SELECT l.group_name, l.consumer_id, l.first_offset, l.last_offset, l.last_offset - l.first_offset + 1 AS row_count,

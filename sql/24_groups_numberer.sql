@@ -32,7 +32,7 @@ CREATE UNLOGGED TABLE mailbox._numberer_heartbeat (
     pid int NOT NULL,
     beat_at timestamptz
 );
--- dumped like every extension table (tests/test_dump_restore.py); a restored beat is older
+-- dumped like every extension table (tests/upgrade/test_dump_restore.py); a restored beat is older
 -- than 2 s, so it means nothing
 SELECT pg_catalog.pg_extension_config_dump('mailbox._numberer_heartbeat', '');
 
@@ -101,7 +101,7 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_slot int := mailbox._setting_int('consumer_slot_rows', 1, 1, 100000);
+    v_slot int := mailbox._setting_int('consumer_slot_rows');
     v_group text;
     v_stored bigint;
     v_delivered bigint;
@@ -320,12 +320,3 @@ COMMENT ON FUNCTION mailbox.unschedule_numberer() IS
 
 -- mailbox_admin runs the numberer (the relay and "pg-mailbox numberer" connect as it)
 REVOKE ALL ON PROCEDURE mailbox.run_numberer(int) FROM PUBLIC;
-GRANT EXECUTE ON PROCEDURE mailbox.run_numberer(int) TO mailbox_admin;
-GRANT EXECUTE ON FUNCTION
-    mailbox._numberer_start(int),
-    mailbox._numberer_beat(boolean),
-    mailbox._numberer_pass(),
-    mailbox._numberer_has_waiters(),
-    mailbox.schedule_numberer(),
-    mailbox.unschedule_numberer()
-TO mailbox_admin;

@@ -7,8 +7,8 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 if GD.get("mailbox.version") != "@EXTVERSION@":
     plpy.execute("SELECT mailbox._python_load()")
-from mailbox_server import errors, status
-return errors.envelope(plpy, status.outbox_status, p_name)
+from mailbox_server import errors, outbox_status
+return errors.envelope(plpy, outbox_status.outbox_status, p_name)
 $$;
 
 CREATE FUNCTION mailbox.outbox_status(p_name text)

@@ -1,8 +1,10 @@
 -- Part 26: ordered, parallel consumption (SPEC §2.3, issue 9; docs/ordering.md).
 --
--- An outbox created with p_partitions > 1 gives each row a partition when it is numbered:
+-- An outbox created with p_partitions > 1 gives each row a partition:
 -- abs(hashtext(coalesce(key, ''))) % p_partitions (computed as bigint, so the one hash value
--- whose abs() overflows an int still maps), so the producers' path is unchanged. A group
+-- whose abs() overflows an int still maps). Nothing stores it: readers compute it from the
+-- key as they read the log through the offset chunks (_partition_rows), so producers and
+-- the sequencer do the same work as for an unpartitioned outbox. A group
 -- then keeps one row per partition (mailbox._partition_lease): the consumer holding it, until
 -- when, and the partition's acknowledged and delivered offsets. A partition's rows go only to
 -- its holder, in offset order; a poll re-delivers what its holder has in flight before
@@ -21,18 +23,6 @@ CREATE TABLE mailbox._outbox_partitioning (
 COMMENT ON TABLE mailbox._outbox_partitioning IS
 'pg_mailbox: partition count of the outboxes created with p_partitions > 1';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_partitioning', '');
-
--- The partition of every numbered row of a partitioned outbox, in offset order (written by
--- the sequencer with the offsets; rows at or below the retention low mark are removed).
-CREATE TABLE mailbox._outbox_part (
-    outbox_key int NOT NULL REFERENCES mailbox._outbox (outbox_key) ON DELETE CASCADE,
-    outbox_id bigint NOT NULL,
-    part smallint NOT NULL,
-    row_id bigint NOT NULL,
-    PRIMARY KEY (outbox_key, outbox_id)
-);
-COMMENT ON TABLE mailbox._outbox_part IS 'pg_mailbox: partition and row of each offset of a partitioned outbox';
-SELECT pg_catalog.pg_extension_config_dump('mailbox._outbox_part', '');
 
 -- mailbox._partition_lease (part 20): which consumer holds each partition of a group.
 
@@ -132,46 +122,145 @@ BEGIN
 END
 $$;
 
--- Called by the sequencer with each chunk it numbered: the partition of every row.
-CREATE FUNCTION mailbox._partition_chunk(p_key int, p_parts int, p_base bigint, p_ids bigint[])
-RETURNS void
-LANGUAGE sql VOLATILE SECURITY INVOKER
+-- The rows with offsets p_first < o <= p_last of an outbox of p_parts partitions, each with
+-- its partition and row key, read through the chunks that hold them (a dense chunk by one
+-- index range scan of the log, as poll_outbox reads; others by their key slice). Unordered.
+CREATE FUNCTION mailbox._partition_rows(p_key int, p_parts int, p_first bigint, p_last bigint)
+RETURNS TABLE (
+    outbox_id bigint, event_id uuid, created_at timestamptz, source text, event_type text, key text,
+    headers jsonb, inserted_count int, deleted_count int, is_claim_check boolean, full_refresh boolean,
+    payload jsonb, partition int, row_id bigint
+)
+LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-    INSERT INTO mailbox._outbox_part (outbox_key, outbox_id, part, row_id)
-    SELECT p_key, p_base + u.n, (pg_catalog.abs(pg_catalog.hashtext(coalesce(l.key, ''))::bigint) % p_parts)::smallint, u.id
-      FROM pg_catalog.unnest(p_ids) WITH ORDINALITY AS u (id, n)
-      JOIN mailbox._outbox_log AS l ON l.outbox_key = p_key AND l._id = u.id;
-    -- what retention drained is no longer needed (each time a thousand offsets passed)
-    DELETE FROM mailbox._outbox_part AS x
-     WHERE (p_base + pg_catalog.cardinality(p_ids)) / 1000 <> p_base / 1000
-       AND x.outbox_key = p_key
-       AND x.outbox_id <= (SELECT r.low_offset FROM mailbox._outbox_retention AS r WHERE r.outbox_key = p_key);
+DECLARE
+    v_from_chunk bigint;
+BEGIN
+    IF p_last <= p_first THEN
+        RETURN;
+    END IF;
+    v_from_chunk := coalesce((SELECT pg_catalog.max(c.base_offset) FROM mailbox._outbox_chunk AS c
+                               WHERE c.outbox_key = p_key AND c.base_offset <= p_first), 0);
+    RETURN QUERY
+    SELECT c.base_offset + 1 + (l._id - c.first_id),
+           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload,
+           (pg_catalog.abs(pg_catalog.hashtext(coalesce(l.key, ''))::bigint) % p_parts)::int, l._id
+      FROM mailbox._outbox_chunk AS c
+      JOIN mailbox._outbox_log AS l
+        ON l.outbox_key = c.outbox_key
+       AND l._id BETWEEN c.first_id + greatest(p_first - c.base_offset, 0)
+                     AND c.first_id + least(p_last - c.base_offset, c.row_count) - 1
+     WHERE c.outbox_key = p_key AND c.dense
+       AND c.base_offset >= v_from_chunk AND c.base_offset < p_last
+    UNION ALL
+    SELECT s.first_in_chunk + u.n - 1,
+           l.event_id, l.created_at, l.source, l.event_type, l.key, l.headers,
+           l.inserted_count, l.deleted_count, l.is_claim_check, l.full_refresh, l.payload,
+           (pg_catalog.abs(pg_catalog.hashtext(coalesce(l.key, ''))::bigint) % p_parts)::int, l._id
+      FROM mailbox._outbox_chunk AS c
+     CROSS JOIN LATERAL (
+           SELECT greatest(p_first + 1, c.base_offset + 1) AS first_in_chunk,
+                  least(p_last, c.base_offset + c.row_count) AS last_in_chunk
+     ) AS s
+     CROSS JOIN LATERAL pg_catalog.unnest(
+           c.ids[(s.first_in_chunk - c.base_offset)::int:(s.last_in_chunk - c.base_offset)::int]
+     ) WITH ORDINALITY AS u (id, n)
+      JOIN mailbox._outbox_log AS l ON l.outbox_key = c.outbox_key AND l._id = u.id
+     WHERE c.outbox_key = p_key AND NOT c.dense
+       AND c.base_offset >= v_from_chunk AND c.base_offset < p_last;
+END
 $$;
 
--- A partitioned group's offset: the highest H with every row <= H acknowledged.
+-- A partitioned group's offset: the highest H with every row <= H acknowledged (parked rows
+-- count as acknowledged). Its first unacknowledged row is the first row, from the lowest
+-- acknowledged offset of its partitions on, above its own partition's acknowledged offset:
+-- found by reading the log forward from there, a thousand offsets at a time. Callable by
+-- consumers for the monitoring views (it reveals no more than they show).
 CREATE FUNCTION mailbox._partitioned_group_offset(p_group text, p_key int)
 RETURNS bigint
-LANGUAGE sql STABLE SECURITY INVOKER
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER -- reads the log for the views of mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
--- offsets are read in index order and rows by index probes: a backlog numbered moments ago
--- has no statistics yet, and the planner's bitmap scans, sorts and hash joins over the whole
--- outbox cost far more than the batch
-SET enable_bitmapscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
 AS $$
-    SELECT coalesce(pg_catalog.min(n.next_offset) - 1,
-                    (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key))
-      FROM mailbox._partition_lease AS pl
-     CROSS JOIN LATERAL (
-           SELECT x.outbox_id AS next_offset FROM mailbox._outbox_part AS x
-            WHERE x.outbox_key = p_key AND x.outbox_id > pl.acked_offset AND x.part = pl.part
-              AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
-                               WHERE k.group_name = p_group AND k.outbox_id = x.outbox_id)
-            ORDER BY x.outbox_id LIMIT 1
-     ) AS n
-     WHERE pl.group_name = p_group;
+DECLARE
+    v_parts int := mailbox._outbox_partitions(p_key);
+    v_ack bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
+    v_rec record;
+    v_from bigint;
+    v_head bigint := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+    v_next bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group AS g
+                    WHERE g.group_name = p_group AND g.outbox_key = p_key) THEN
+        RETURN NULL; -- not that group's outbox: nothing to say
+    END IF;
+    FOR v_rec IN SELECT pl.part, pl.acked_offset FROM mailbox._partition_lease AS pl
+                  WHERE pl.group_name = p_group LOOP
+        v_ack[v_rec.part + 1] := v_rec.acked_offset;
+        v_from := least(v_from, v_rec.acked_offset);
+    END LOOP;
+    IF v_from IS NULL THEN
+        RETURN v_head;
+    END IF;
+    WHILE v_from < v_head LOOP
+        v_next := (SELECT pg_catalog.min(r.outbox_id)
+                     FROM mailbox._partition_rows(p_key, v_parts, v_from, least(v_head, v_from + 1000)) AS r
+                    WHERE r.outbox_id > v_ack[r.partition + 1]
+                      AND NOT EXISTS (SELECT 1 FROM mailbox._outbox_parked AS k
+                                       WHERE k.group_name = p_group AND k.outbox_id = r.outbox_id));
+        IF v_next IS NOT NULL THEN
+            RETURN v_next - 1;
+        END IF;
+        v_from := least(v_head, v_from + 1000);
+    END LOOP;
+    RETURN v_head;
+END
+$$;
+
+-- Per partition of a partitioned group: rows in flight (delivered, not acknowledged) and lag
+-- (rows not acknowledged, parked ones excepted), by one read of the log from the lowest
+-- acknowledged offset (mailbox.consumer_partition_lag).
+CREATE FUNCTION mailbox._partition_counts(p_group text)
+RETURNS TABLE (part int, in_flight bigint, lag bigint)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER -- reads the log for the view of mailbox_consumer
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_key int := (SELECT g.outbox_key FROM mailbox._consumer_group AS g WHERE g.group_name = p_group);
+    v_parts int := mailbox._outbox_partitions(v_key);
+    v_ack bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
+    v_del bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
+    v_rec record;
+    v_from bigint;
+BEGIN
+    FOR v_rec IN SELECT pl.part, pl.acked_offset, pl.delivered_offset FROM mailbox._partition_lease AS pl
+                  WHERE pl.group_name = p_group LOOP
+        v_ack[v_rec.part + 1] := v_rec.acked_offset;
+        v_del[v_rec.part + 1] := v_rec.delivered_offset;
+        v_from := least(v_from, v_rec.acked_offset);
+    END LOOP;
+    IF v_from IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.p, coalesce(c.in_flight, 0), coalesce(c.lag, 0)
+      FROM pg_catalog.generate_series(0, v_parts - 1) AS s (p)
+      LEFT JOIN (
+           SELECT r.partition AS p,
+                  pg_catalog.count(*) FILTER (WHERE r.outbox_id <= v_del[r.partition + 1]) AS in_flight,
+                  pg_catalog.count(*) FILTER (WHERE NOT EXISTS (
+                      SELECT 1 FROM mailbox._outbox_parked AS k
+                       WHERE k.group_name = p_group AND k.outbox_id = r.outbox_id)) AS lag
+             FROM mailbox._partition_rows(v_key, v_parts, v_from,
+                                          (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_key)) AS r
+            WHERE r.outbox_id > v_ack[r.partition + 1]
+            GROUP BY r.partition
+      ) AS c ON c.p = s.p;
+END
 $$;
 
 -- Stores the group offset of a partitioned group unless someone holds its row (the next

@@ -19,8 +19,8 @@ BEGIN
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
     PERFORM mailbox._require(p_outbox_id, 'p_outbox_id');
     IF mailbox._outbox_partitions(v_key) > 1 THEN
-        SELECT x.part, x.row_id INTO v_part, v_row FROM mailbox._outbox_part AS x
-         WHERE x.outbox_key = v_key AND x.outbox_id = p_outbox_id;
+        SELECT r.partition, r.row_id INTO v_part, v_row
+          FROM mailbox._partition_rows(v_key, mailbox._outbox_partitions(v_key), p_outbox_id - 1, p_outbox_id) AS r;
         v_held := EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl
                            WHERE pl.group_name = p_group AND pl.part = v_part AND pl.consumer_id = p_consumer
                              AND pl.acked_offset < p_outbox_id AND p_outbox_id <= pl.delivered_offset);
@@ -76,8 +76,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.outbox_unpark(text, bigint) IS
 'deliver a parked row again (to the consumer holding its partition); acknowledged by that consumer''s commit';
-
-GRANT EXECUTE ON FUNCTION
-    mailbox.outbox_park(text, text, bigint, text),
-    mailbox.outbox_unpark(text, bigint)
-TO mailbox_consumer;

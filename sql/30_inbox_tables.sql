@@ -60,6 +60,25 @@ COMMENT ON TABLE mailbox._inbox_lease IS
 'pg_mailbox: inbox messages that are leased by a worker or wait for their retry time';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_lease', '');
 
+-- Claims not yet settled: one row per inbox_claim call of an open transaction (READ
+-- COMMITTED, unordered inbox; see part 37, "claim settle"). A claim locks its messages and
+-- writes this one row instead of a lease row per message; at commit a deferred trigger
+-- turns the messages still pending into lease rows (the claim outlives its transaction) and
+-- deletes the row, so a claim whose messages are marked in its own transaction writes no
+-- lease at all. Rows are only ever visible to their own transaction.
+CREATE TABLE mailbox._inbox_open_claim (
+    claim_no bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    inbox_key int NOT NULL,
+    event_ids text[] NOT NULL,
+    lease_until timestamptz NOT NULL,
+    leased_by text NOT NULL,
+    leased_by_pid int NOT NULL
+);
+COMMENT ON TABLE mailbox._inbox_open_claim IS
+'pg_mailbox: inbox claims of open transactions, settled into leases at commit';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim_claim_no_seq', '');
+
 -- Ordering state: the highest sequence processed per aggregate. Ordering reads this instead
 -- of the processed history, so its cost does not grow with history (and survives retention).
 CREATE TABLE mailbox._inbox_aggregate (

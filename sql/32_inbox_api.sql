@@ -139,7 +139,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) IS
 'create an inbox table with its pending, dead-letter and stats views';
-GRANT EXECUTE ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) TO mailbox_admin;
 
 CREATE FUNCTION mailbox._inbox_tracking_py(p_rel oid, p_requested jsonb, p_defaults jsonb)
 RETURNS jsonb
@@ -221,8 +220,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, text, text, text, text, int, text, text) IS
 'adopt an existing table (any name, mapped columns) as an inbox without altering it';
-GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, text, text, text, text, int, text, text)
-TO mailbox_admin;
 
 CREATE FUNCTION mailbox.drop_inbox(p_name text, p_if_exists boolean DEFAULT FALSE, p_cascade boolean DEFAULT FALSE)
 RETURNS void
@@ -250,6 +247,7 @@ BEGIN
     PERFORM mailbox._inbox_drop_functions(v_inbox);
     PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_open_claim WHERE inbox_key = v_inbox.inbox_key; -- this transaction's
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
@@ -274,4 +272,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 'remove an inbox: views and catalog rows, and with p_cascade the table create_inbox made';
-GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_admin;

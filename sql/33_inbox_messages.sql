@@ -81,8 +81,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
-TO mailbox_producer;
 
 -- One claimed message, as inbox_claim returns it (without the lease).
 CREATE TYPE mailbox._inbox_message AS (
@@ -140,6 +138,12 @@ BEGIN
         RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
             USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
     END IF;
+    -- a second claim in one transaction: the first one's messages get their lease rows now,
+    -- so this claim skips them as it skips every leased message (part 37, claim settle)
+    IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = v_inbox.inbox_key) THEN
+        PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
+          WHERE o.inbox_key = v_inbox.inbox_key;
+    END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
     -- 1. the candidates, locked (the generated function, as the table owner)
@@ -149,7 +153,32 @@ BEGIN
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
-    -- 2. their leases: the upsert only takes a message whose lease and retry time have passed
+    -- 2a. READ COMMITTED, no ordering: the row locks hold the messages while this transaction
+    -- is open; keep those without a live lease or retry time now (this statement's snapshot
+    -- postdates the locks, so it sees any lease committed before them) and record the claim in
+    -- one row, which becomes lease rows at commit for what is still pending (part 37, claim
+    -- settle)
+    IF v_inbox.ordering_first_sequence IS NULL
+       AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        -- (a filtered scan of the array keeps its order)
+        v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
+                         WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
+                                            WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
+                                              AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
+        IF pg_catalog.cardinality(v_rows) = 0 THEN
+            RETURN;
+        END IF;
+        INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
+        VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
+                pg_catalog.pg_backend_pid());
+        RETURN QUERY
+        SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
+               m.headers, m.trace_id, m.retry_count, m.received_at, v_until
+          FROM pg_catalog.unnest(v_rows) AS m;
+        RETURN;
+    END IF;
+    -- 2b. otherwise their leases now: the upsert only takes a message whose lease and retry
+    -- time have passed
     RETURN QUERY
     WITH won AS (
         INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
@@ -172,7 +201,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
 'lease up to p_batch_size pending messages (SKIP LOCKED; honours ordering and priority)';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
 
 CREATE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
 RETURNS boolean
@@ -225,7 +253,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
 'mark a message processed; false when it does not exist or is already processed';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;
 
 CREATE FUNCTION mailbox.inbox_mark_failed(
     p_inbox text, p_event_id text, p_error text, p_retry_after_seconds int DEFAULT NULL
@@ -254,12 +281,7 @@ BEGIN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF v_delay IS NULL THEN
-        -- unset means the default; anything else is parsed and checked by the helper
-        IF coalesce(pg_catalog.current_setting('mailbox.inbox_retry_delay_seconds', TRUE), '') = '' THEN
-            v_delay := 0;
-        ELSE
-            v_delay := mailbox._setting_int('inbox_retry_delay_seconds', 0, 0, 31536000);
-        END IF;
+        v_delay := mailbox._setting_int('inbox_retry_delay_seconds');
     END IF;
     IF p_event_id IS NULL THEN
         PERFORM mailbox._require(p_event_id, 'p_event_id');
@@ -273,7 +295,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
 'record a failed attempt: ''retry'' (after an optional delay) or ''dead_letter'' at max_retries';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO mailbox_consumer;
 
 CREATE FUNCTION mailbox.replay_inbox_messages(p_name text, p_event_ids text[])
 RETURNS bigint
@@ -302,6 +323,7 @@ BEGIN
         c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE)), NULL, p_event_ids)) AS x (id);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = ANY (v_ids);
+        PERFORM mailbox._inbox_unclaim(v_inbox.inbox_key, v_ids);
         PERFORM mailbox._alert('inbox_replay', pg_catalog.jsonb_build_object(
             'inbox', p_name, 'count', pg_catalog.cardinality(v_ids),
             'event_ids', pg_catalog.to_jsonb(v_ids[1:100])));
@@ -311,4 +333,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 'reset processed or dead-lettered messages (by id) so they are processed again; alerts inbox_replay';
-GRANT EXECUTE ON FUNCTION mailbox.replay_inbox_messages(text, text[]) TO mailbox_admin;

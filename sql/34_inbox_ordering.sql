@@ -146,7 +146,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) IS
 'process messages in sequence per aggregate: views next_<inbox> and gaps_<inbox>, ordered claims';
-GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) TO mailbox_admin;
 
 CREATE FUNCTION mailbox.disable_inbox_ordering(p_inbox text, p_if_exists boolean DEFAULT FALSE)
 RETURNS void
@@ -181,7 +180,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) IS
 'stop ordering an inbox: drops next_<inbox> and gaps_<inbox> (each aggregate''s position is kept)';
-GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) TO mailbox_admin;
 
 -- Every gap of an ordered inbox as a jsonb array of {aggregate_id, expected_seq, found_seq,
 -- gap_age_sec}, read with the table owner's rights (the SQL of gaps_<i>, not that view: a
@@ -222,7 +220,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_ordering_gaps(text) IS
 'every hole in the sequences of an ordered inbox, including the one after the last processed message';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_ordering_gaps(text) TO mailbox_admin;
 
 CREATE FUNCTION mailbox._inbox_tiers_py(p_tiers jsonb)
 RETURNS jsonb
@@ -265,7 +262,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.enable_inbox_priority(text, text, jsonb) IS
 'claim lower priority values first; one view pending_<inbox>_<tier> per tier';
-GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_priority(text, text, jsonb) TO mailbox_admin;
 
 CREATE FUNCTION mailbox.disable_inbox_priority(p_inbox text, p_if_exists boolean DEFAULT FALSE)
 RETURNS void
@@ -297,7 +293,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.disable_inbox_priority(text, boolean) IS
 'stop prioritising an inbox: drops the tier views, claims go back to arrival order';
-GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_priority(text, boolean) TO mailbox_admin;
 
 CREATE FUNCTION mailbox.inbox_is_my_partition(p_aggregate_id text, p_worker_id int, p_total_workers int)
 RETURNS boolean
@@ -323,4 +318,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
 'true when the aggregate belongs to this worker: abs(hashtext(id)) % total = worker';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) TO mailbox_consumer;

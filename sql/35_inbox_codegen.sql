@@ -56,7 +56,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch']) AS kind);
+                                                      'processed_batch', 'unsettled']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)

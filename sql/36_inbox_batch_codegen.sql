@@ -152,5 +152,17 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
+
+    -- unsettled(row, ids): those of the ids whose messages are still pending (neither
+    -- processed nor dead letters), for the commit-time settling of a claim (part 37)
+    PERFORM mailbox._inbox_define(p_inbox, 'unsettled', 'text[]', 'text[]', $d$
+    v_result pg_catalog.text[];$d$,
+        pg_catalog.format($b$
+        SELECT pg_catalog.array_agg(t.%3$I::pg_catalog.text) INTO v_result
+          FROM %1$s AS t JOIN pg_catalog.unnest(%4$s) AS k (id) ON t.%3$I = k.id
+         WHERE t.%2$I IS NULL AND t.%5$I < ($1).max_retries;
+    RETURN v_result;$b$,
+        v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
+        c ->> 'retry_count'));
 END
 $$;

@@ -98,7 +98,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive_batch(text, jsonb) IS
 'store many messages (a json array of inbox_receive arguments) in one call; per message, true when new';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_receive_batch(text, jsonb) TO mailbox_producer;
 
 CREATE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_ids text[])
 RETURNS bigint
@@ -109,6 +108,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'process');
     v_done mailbox._inbox_done[];
+    v_exact boolean;
 BEGIN
     PERFORM mailbox._require(p_event_ids, 'p_event_ids');
     IF pg_catalog.array_position(p_event_ids, NULL) IS NOT NULL THEN
@@ -126,8 +126,26 @@ BEGIN
     IF v_done IS NULL THEN
         RETURN 0;
     END IF;
-    DELETE FROM mailbox._inbox_lease AS l
-     WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = ANY (ARRAY(SELECT d.event_id FROM pg_catalog.unnest(v_done) AS d));
+    -- A claim of this transaction whose ids are all in p_event_ids has nothing left to lease
+    -- (part 37, claim settle: every id is now processed), so it is settled here and its
+    -- commit looks nothing up. When one such claim is exactly p_event_ids (a worker marking
+    -- the batch it claimed), the messages have no lease rows to delete; otherwise their
+    -- leases are deleted. (Containment by hashing: the array operators compare every
+    -- element with every other.)
+    WITH settled AS (
+        DELETE FROM mailbox._inbox_open_claim AS o
+         WHERE o.inbox_key = v_inbox.inbox_key
+           AND (o.event_ids OPERATOR(pg_catalog.=) p_event_ids
+                OR NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(o.event_ids) AS e (id)
+                                WHERE e.id NOT IN (SELECT pg_catalog.unnest(p_event_ids))))
+        RETURNING o.event_ids OPERATOR(pg_catalog.=) p_event_ids AS exact
+    )
+    SELECT coalesce(pg_catalog.bool_or(s.exact), FALSE) INTO v_exact FROM settled AS s;
+    IF NOT v_exact THEN
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key = v_inbox.inbox_key
+           AND l.event_id = ANY (ARRAY(SELECT d.event_id FROM pg_catalog.unnest(v_done) AS d));
+    END IF;
     -- the ordering state exactly as inbox_mark_processed keeps it (a new aggregate starts at
     -- no less than first sequence - 1, an existing one only moves up to what was processed),
     -- one upsert per aggregate, in aggregate order so concurrent batches lock alike
@@ -151,7 +169,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text[]) IS
 'mark many messages processed in one call; how many were marked (missing or processed ids are skipped)';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text[]) TO mailbox_consumer;
 
 -- One failed attempt of one message (inbox_mark_failed, both forms), after the argument
 -- checks: counts it (the generated function, as the table owner) and settles its lease: the
@@ -181,6 +198,8 @@ BEGIN
         END IF;
         RETURN 'dead_letter'; -- already in the DLQ: nothing changes
     END IF;
+    -- a claim of this transaction does not lease it at commit (part 37, claim settle)
+    PERFORM mailbox._inbox_unclaim(p_inbox.inbox_key, ARRAY[v_id]);
     IF v_retries >= p_inbox.max_retries THEN
         -- a dead letter is not claimable; another backend's live lease still says it is in
         -- flight (see below) and expires by itself
@@ -230,11 +249,7 @@ DECLARE
     v_delay int := p_retry_after_seconds;
 BEGIN
     IF v_delay IS NULL THEN
-        IF coalesce(pg_catalog.current_setting('mailbox.inbox_retry_delay_seconds', TRUE), '') = '' THEN
-            v_delay := 0;
-        ELSE
-            v_delay := mailbox._setting_int('inbox_retry_delay_seconds', 0, 0, 31536000);
-        END IF;
+        v_delay := mailbox._setting_int('inbox_retry_delay_seconds');
     END IF;
     PERFORM mailbox._require(p_event_ids, 'p_event_ids');
     IF pg_catalog.array_position(p_event_ids, NULL) IS NOT NULL THEN
@@ -258,4 +273,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) IS
 'record a failed attempt of many messages: per id ''retry'' or ''dead_letter'' (as the one-id form)';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) TO mailbox_consumer;

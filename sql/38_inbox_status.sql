@@ -124,7 +124,6 @@ AS $$
 $$;
 COMMENT ON FUNCTION mailbox.inbox_health(text) IS
 'counts and health (healthy, degraded, critical) of one inbox as jsonb (see docs/inbox.md)';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_health(text) TO mailbox_admin;
 
 CREATE FUNCTION mailbox.inbox_status(p_name text DEFAULT NULL)
 RETURNS TABLE (
@@ -188,4 +187,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_status(text) IS
 'every inbox (or one) with its table, settings and message counts';
-GRANT EXECUTE ON FUNCTION mailbox.inbox_status(text) TO mailbox_admin;

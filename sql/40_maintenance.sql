@@ -22,8 +22,6 @@ $$;
 COMMENT ON FUNCTION mailbox.run_maintenance() IS
 'retention drains, lease expiry, consumer health and reaping, alerts; returns counts as jsonb';
 
-GRANT EXECUTE ON FUNCTION mailbox.run_maintenance() TO mailbox_admin;
-
 -- TRUNCATE an outbox's tables when they hold no rows, without waiting for their lock (a
 -- producer or reader holding it makes this fail at once with 55P03; maintenance retries on
 -- its next run). The emptiness check repeats under the lock, so no committed row is lost.
@@ -94,5 +92,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.unschedule_maintenance() IS
 'remove the pg_cron job of mailbox.schedule_maintenance(); false when there was none';
-
-GRANT EXECUTE ON FUNCTION mailbox.schedule_maintenance(text), mailbox.unschedule_maintenance() TO mailbox_admin;

@@ -1,4 +1,7 @@
--- Part 90: who may call what (SPEC §0). Runs last so it covers every function above.
+-- Part 90: who may call what (SPEC §0), every grant of the extension's own objects in one
+-- place (the per-object grants that inboxes and captured tables get at run time are made by
+-- the functions that create them). Runs last so it covers every function above; below the
+-- role sections, the grants of each part under its name.
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA mailbox FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA mailbox FROM PUBLIC;
@@ -44,3 +47,62 @@ GRANT EXECUTE ON FUNCTION
 TO mailbox_consumer;
 GRANT SELECT ON mailbox.consumer_status, mailbox.consumer_group_lag, mailbox.consumer_active_leases
 TO mailbox_consumer;
+
+-- 24_groups_numberer.sql
+GRANT EXECUTE ON PROCEDURE mailbox.run_numberer(int) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION
+    mailbox._numberer_start(int),
+    mailbox._numberer_beat(boolean),
+    mailbox._numberer_pass(),
+    mailbox._numberer_has_waiters(),
+    mailbox.schedule_numberer(),
+    mailbox.unschedule_numberer()
+TO mailbox_admin;
+
+-- 27_groups_partition_commit.sql
+GRANT SELECT ON mailbox.consumer_partition_lag, mailbox.outbox_parked TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox._readable_group_outboxes() TO mailbox_consumer;
+-- the views of parts 23 and 27 compute partitioned groups' state with these
+GRANT EXECUTE ON FUNCTION mailbox._partition_counts(text), mailbox._partitioned_group_offset(text, int)
+    TO mailbox_consumer;
+
+-- 28_groups_park.sql
+GRANT EXECUTE ON FUNCTION
+    mailbox.outbox_park(text, text, bigint, text),
+    mailbox.outbox_unpark(text, bigint)
+TO mailbox_consumer;
+
+-- 32_inbox_api.sql
+GRANT EXECUTE ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, text, text, text, text, int, text, text)
+TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_admin;
+
+-- 33_inbox_messages.sql
+GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
+TO mailbox_producer;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox.replay_inbox_messages(text, text[]) TO mailbox_admin;
+
+-- 34_inbox_ordering.sql
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_ordering_gaps(text) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_priority(text, text, jsonb) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.disable_inbox_priority(text, boolean) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) TO mailbox_consumer;
+
+-- 37_inbox_batch_api.sql
+GRANT EXECUTE ON FUNCTION mailbox.inbox_receive_batch(text, jsonb) TO mailbox_producer;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text[]) TO mailbox_consumer;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) TO mailbox_consumer;
+
+-- 38_inbox_status.sql
+GRANT EXECUTE ON FUNCTION mailbox.inbox_health(text) TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.inbox_status(text) TO mailbox_admin;
+
+-- 40_maintenance.sql
+GRANT EXECUTE ON FUNCTION mailbox.run_maintenance() TO mailbox_admin;
+GRANT EXECUTE ON FUNCTION mailbox.schedule_maintenance(text), mailbox.unschedule_maintenance() TO mailbox_admin;

@@ -79,3 +79,37 @@ def wait_blocked(db, conn, bg=None, timeout=10):
             return True
         time.sleep(0.02)
     raise AssertionError(f"backend {pid} never blocked")
+
+
+class Numberer:
+    """CALL mailbox.run_numberer() on a connection of its own, in a thread."""
+
+    def __init__(self, connect, seconds=120, slot_rows=4):
+        # small slots, so the tests' small batches claim whole slots (docs/design.md §5)
+        self.conn = connect(autocommit=True, options=f"-c mailbox.consumer_slot_rows={slot_rows}")
+        self.notices = Notices(self.conn)
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(seconds,), daemon=True)
+        self.thread.start()
+
+    def _run(self, seconds):
+        try:
+            self.conn.execute("CALL mailbox.run_numberer(%s)", [seconds])
+        except psycopg.errors.QueryCanceled:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def stop(self):
+        self.conn.cancel()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        if self.error is not None:
+            raise self.error
+
+
+def wait_for(predicate, timeout=10, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)

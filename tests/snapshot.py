@@ -1,6 +1,6 @@
 """A deterministic text description of everything the pg_mailbox extension owns.
 
-Used twice: a fresh install must equal every upgraded install (tests/test_upgrade_paths.py,
+Used twice: a fresh install must equal every upgraded install (tests/upgrade/test_upgrade_paths.py,
 ``bodies=True``, so a migration that forgot to replace a function body is caught), and a
 fresh install must equal the committed tests/expected/api_surface.txt (``bodies=False``:
 signatures, attributes, columns, grants and comments, not implementation text).

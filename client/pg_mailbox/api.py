@@ -125,6 +125,12 @@ SQL_GROUPS = "SELECT * FROM mailbox.consumer_group_lag ORDER BY group_name"
 SQL_INBOXES = "SELECT inbox_name FROM mailbox.inbox_status() ORDER BY 1"
 SQL_INBOX_HEALTH = "SELECT mailbox.inbox_health(%s)"
 SQL_ALERTS = "SELECT * FROM mailbox.alert_log ORDER BY 1 DESC LIMIT %s"
+SQL_ENABLE_OUTBOX = "SELECT mailbox.enable_outbox(%s::text, p_outbox_name => %s::text)"
+SQL_DROP_OUTBOX = "SELECT mailbox.drop_outbox(%s, %s)"
+SQL_CREATE_INBOX = "SELECT mailbox.create_inbox(%s)"
+SQL_DROP_INBOX = "SELECT mailbox.drop_inbox(%s, %s, %s)"
+SQL_OUTBOX_EXISTS = "SELECT count(*) FROM mailbox.outboxes WHERE outbox_name = %s"
+SQL_RUN_NUMBERER = "CALL mailbox.run_numberer(%s)"
 
 
 def _receive_params(inbox: str, msg: dict) -> list:
@@ -206,6 +212,35 @@ def create_consumer_group(
     conn: psycopg.Connection, name: str, outbox: str, auto_offset_reset: str = "latest"
 ) -> None:
     conn.execute(SQL_CREATE_GROUP, [name, outbox, auto_offset_reset])
+
+
+def enable_outbox(conn: psycopg.Connection, table: str, outbox: str | None = None) -> str:
+    """Capture ``table`` into an outbox (named ``outbox``, or derived); returns its name."""
+    return conn.execute(SQL_ENABLE_OUTBOX, [table, outbox]).fetchone()[0]
+
+
+def drop_outbox(conn: psycopg.Connection, outbox: str, if_exists: bool = False) -> None:
+    conn.execute(SQL_DROP_OUTBOX, [outbox, if_exists])
+
+
+def outbox_exists(conn: psycopg.Connection, outbox: str) -> bool:
+    return conn.execute(SQL_OUTBOX_EXISTS, [outbox]).fetchone()[0] > 0
+
+
+def create_inbox(conn: psycopg.Connection, inbox: str) -> None:
+    conn.execute(SQL_CREATE_INBOX, [inbox])
+
+
+def drop_inbox(
+    conn: psycopg.Connection, inbox: str, if_exists: bool = False, cascade: bool = False
+) -> None:
+    conn.execute(SQL_DROP_INBOX, [inbox, if_exists, cascade])
+
+
+def run_numberer(conn: psycopg.Connection, seconds: int = 60) -> None:
+    """One ``CALL mailbox.run_numberer(seconds)``; needs an autocommit connection (it commits
+    each pass itself)."""
+    conn.execute(SQL_RUN_NUMBERER, [seconds])
 
 
 def consumer_lag(conn: psycopg.Connection, group: str | None = None) -> list[Lag]:

@@ -32,7 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pg_mailbox import config, ingest, relay
+from pg_mailbox import api, config, ingest, relay
 from pg_mailbox.cluster import Cluster, ClusterError
 from pg_mailbox.config import MailboxCliError, option, positive_float, positive_int
 from pg_mailbox.runtime import Log, Metrics, Stopper
@@ -232,16 +232,14 @@ def _prepare_existing(conn: psycopg.Connection, replace: bool) -> None:
     found = []
     if conn.execute("SELECT to_regclass('public.orders')").fetchone()[0]:
         found.append("table public.orders")
-    if conn.execute("SELECT 1 FROM mailbox.outboxes WHERE outbox_name = %s", [OUTBOX]).fetchone():
+    if api.outbox_exists(conn, OUTBOX):
         found.append(f"outbox {OUTBOX}")
-    if conn.execute(
-        "SELECT 1 FROM mailbox.inbox_status() WHERE inbox_name = %s", [INBOX]
-    ).fetchone():
+    if api.inbox_exists(conn, INBOX):
         found.append(f"inbox {INBOX}")
     if found and not replace:
         raise DemoError(f"already in this database: {', '.join(found)}; rerun with --replace")
-    conn.execute("SELECT mailbox.drop_outbox(%s, true)", [OUTBOX])
-    conn.execute("SELECT mailbox.drop_inbox(%s, true, true)", [INBOX])
+    api.drop_outbox(conn, OUTBOX, if_exists=True)
+    api.drop_inbox(conn, INBOX, if_exists=True, cascade=True)
     conn.execute("DROP TABLE IF EXISTS public.orders")
 
 
@@ -251,9 +249,9 @@ def _setup(conn: psycopg.Connection) -> None:
         " amount numeric NOT NULL, status text NOT NULL DEFAULT 'new')"
     )
     conn.execute(sql.SQL("COMMENT ON TABLE public.orders IS {}").format(DEMO_TABLE_COMMENT))
-    conn.execute("SELECT mailbox.enable_outbox('public.orders', p_outbox_name => %s)", [OUTBOX])
-    conn.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [GROUP, OUTBOX])
-    conn.execute("SELECT mailbox.create_inbox(%s)", [INBOX])
+    api.enable_outbox(conn, "public.orders", OUTBOX)
+    api.create_consumer_group(conn, GROUP, OUTBOX, "earliest")
+    api.create_inbox(conn, INBOX)
 
 
 def _inbox_sink_url(dsn: str) -> str:
@@ -514,9 +512,7 @@ async def pipeline(args: argparse.Namespace, dsn: str, stats: Stats) -> dict:
                     )
                     seek_to, stats.replayed = await cur.fetchone()
                     dups_before = stats.relay_duplicates
-                    await conn.execute(
-                        "SELECT mailbox.seek_offset(%s, %s, %s)", [GROUP, CONSUMER, seek_to]
-                    )
+                    await api.aseek_offset(conn, GROUP, CONSUMER, seek_to)
                 facts["replay_done"] = await _until(
                     lambda: stats.relay_duplicates - dups_before >= stats.replayed,
                     DRAIN_TIMEOUT,

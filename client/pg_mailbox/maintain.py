@@ -63,9 +63,6 @@ def _check_start(dsn: str) -> None:
         ) from None
 
 
-NUMBERER_SQL = "CALL mailbox.run_numberer(60)"
-
-
 def _run_numberer(dsn: str, stop: threading.Event, held: list) -> None:
     """CALL mailbox.run_numberer() again and again on a connection of its own (autocommit: it
     commits each pass itself) until stop; reconnects after an error."""
@@ -75,7 +72,7 @@ def _run_numberer(dsn: str, stop: threading.Event, held: list) -> None:
                 held[:] = [conn]
                 print(f"{time.strftime('%H:%M:%S')} numberer running", flush=True)
                 while not stop.is_set():
-                    conn.execute(NUMBERER_SQL)
+                    api.run_numberer(conn, 60)
         except psycopg.Error as exc:
             if stop.is_set():
                 return

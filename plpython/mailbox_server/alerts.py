@@ -2,16 +2,6 @@
 
 import json
 
-DRAIN_SQL = """
-WITH gone AS (
-    DELETE FROM mailbox.alert_log
-     WHERE created_at < pg_catalog.now() - pg_catalog.make_interval(
-               hours => mailbox._setting_int('alert_retention_hours', 168, 1, 876000))
-    RETURNING 1
-)
-SELECT pg_catalog.count(*) AS n FROM gone
-"""
-
 ALERT_SQL = "SELECT mailbox._alert($1, $2::jsonb)"
 
 
@@ -21,4 +11,5 @@ def emit(plpy, event, detail):
 
 
 def run(plpy):
-    return {"alerts_drained": plpy.execute(DRAIN_SQL)[0]["n"]}
+    # the drain is a named SQL function (sql/43_inbox_maintenance_steps.sql)
+    return {"alerts_drained": plpy.execute("SELECT mailbox._drain_alert_log() AS n")[0]["n"]}

@@ -14,6 +14,7 @@ with 55000); ``Inbox.table`` raises 55000 when the table was dropped by hand.
 
 import json
 
+from . import settings
 from .errors import MailboxError
 
 CATALOG_SQL = """
@@ -98,15 +99,8 @@ def all_inboxes(plpy):
     return [Inbox(plpy, r) for r in plpy.execute(CATALOG_SQL + " ORDER BY i.inbox_name")]
 
 
-def setting_int(plpy, name, default, low, high):
-    plan = plpy.prepare(
-        "SELECT mailbox._setting_int($1, $2, $3, $4) AS v", ["text", "int", "int", "int"]
-    )
-    return plpy.execute(plan, [name, default, low, high])[0]["v"]
-
-
 def retention_hours(plpy, inbox):
     """The inbox's own processed-row retention, or mailbox.inbox_processed_retention_hours."""
     if inbox.retention_hours is not None:
         return inbox.retention_hours
-    return setting_int(plpy, "inbox_processed_retention_hours", 72, 0, 876000)
+    return settings.get_int(plpy, "inbox_processed_retention_hours")

@@ -12,9 +12,7 @@ counts are those of the inbox's own table (by oid), never of a table that took t
 
 import json
 
-from . import inbox_catalog
-
-MAX_SECONDS = 31536000
+from . import inbox_catalog, settings
 
 
 def classify(oldest_age, dead, blocked, degraded_age, critical_age, critical_dlq):
@@ -44,11 +42,9 @@ def inbox_health(plpy, name):
     counts = _counts(plpy, inbox)
     pending, dead, processed = counts["pending"], counts["dead"], counts["processed"]
     oldest_age = counts["oldest_age"]
-    degraded_age = inbox_catalog.setting_int(plpy, "inbox_degraded_age_seconds", 60, 1, MAX_SECONDS)
-    critical_age = inbox_catalog.setting_int(
-        plpy, "inbox_critical_age_seconds", 300, 1, MAX_SECONDS
-    )
-    critical_dlq = inbox_catalog.setting_int(plpy, "inbox_critical_dlq_count", 100, 1, 2**31 - 1)
+    degraded_age = settings.get_int(plpy, "inbox_degraded_age_seconds")
+    critical_age = settings.get_int(plpy, "inbox_critical_age_seconds")
+    critical_dlq = settings.get_int(plpy, "inbox_critical_dlq_count")
     blocked, gap_count = counts.get("blocked", 0), counts.get("gaps", 0)
     status = classify(oldest_age, dead, blocked, degraded_age, critical_age, critical_dlq)
     if inbox.renamed:

@@ -2,75 +2,34 @@
 
 Called by maintenance.run() under its advisory lock; returns counts keyed ``inbox_*``.
 Every drain is bounded: at most mailbox.inbox_drain_batch_size rows per inbox and kind per
-pass (the next pass continues), so one pass never holds locks on a huge delete.
+pass (the next pass continues), so one pass never holds locks on a huge delete. Every
+statement is a named private SQL function (sql/43_inbox_maintenance_steps.sql).
 """
 
 import json
 
-from . import alerts, inbox_catalog
-
-MAX_HOURS = 876000
-
-_EXPIRE_LEASES = """
-WITH gone AS (
-    DELETE FROM mailbox._inbox_lease AS l
-     WHERE (l.lease_until IS NULL OR l.lease_until < pg_catalog.clock_timestamp())
-       AND (l.next_attempt_at IS NULL OR l.next_attempt_at < pg_catalog.clock_timestamp())
-    RETURNING 1
-)
-SELECT pg_catalog.count(*) AS n FROM gone
-"""
-
-# Dead letters not yet announced, oldest first; all are consumed by one pass.
-_DLQ_EVENTS = """
-WITH gone AS (DELETE FROM mailbox._inbox_dlq_event RETURNING *)
-SELECT gone.event_no, i.inbox_name, gone.event_id, gone.error, gone.retry_count,
-       gone.dead_at::text AS dead_at
-  FROM gone JOIN mailbox._inbox AS i USING (inbox_key)
- ORDER BY gone.event_no
-"""
-
-_GAP_ALERTED = """
-SELECT aggregate_id, expected_seq FROM mailbox._inbox_gap_alert WHERE inbox_key = $1
-"""
-_GAP_RECORD = """
-INSERT INTO mailbox._inbox_gap_alert (inbox_key, aggregate_id, expected_seq) VALUES ($1, $2, $3)
-ON CONFLICT DO NOTHING
-"""
-_GAP_FORGET = """
-DELETE FROM mailbox._inbox_gap_alert
- WHERE inbox_key = $1 AND aggregate_id = $2 AND expected_seq = $3
-"""
-
-
-def _setting(plpy, name, default, low=0, high=MAX_HOURS):
-    return inbox_catalog.setting_int(plpy, name, default, low, high)
-
-
-_DRAIN = """
-SELECT mailbox._inbox_drain(i, $2, $3, $4) AS n FROM mailbox._inbox AS i WHERE i.inbox_key = $1
-"""
-_GAPS = """
-SELECT mailbox._inbox_gap_list(i)::text AS gaps FROM mailbox._inbox AS i WHERE i.inbox_key = $1
-"""
+from . import alerts, inbox_catalog, settings, spi
 
 
 def drain(plpy, inbox, batch, dlq_hours):
     """Up to ``batch`` processed rows past retention, and as many dead letters when
     ``dlq_hours`` > 0; deleted with the table owner's rights (mailbox._inbox_drain)."""
-    plan = plpy.prepare(_DRAIN, ["int", "boolean", "int", "int"])
+    sql, types = (
+        "SELECT mailbox._drain_inbox($1, $2, $3, $4) AS n",
+        ["int", "boolean", "int", "int"],
+    )
     hours = inbox_catalog.retention_hours(plpy, inbox)
-    processed = plpy.execute(plan, [inbox.key, False, hours, batch])[0]["n"]
+    processed = spi.execute(plpy, sql, types, [inbox.key, False, hours, batch])[0]["n"]
     dead = 0
     if dlq_hours > 0:
-        dead = plpy.execute(plan, [inbox.key, True, dlq_hours, batch])[0]["n"]
+        dead = spi.execute(plpy, sql, types, [inbox.key, True, dlq_hours, batch])[0]["n"]
     return processed, dead
 
 
 def dlq_alerts(plpy, max_per_run):
     """One inbox_dlq_message per new dead letter up to the cap, then one inbox_dlq_batch."""
     sent, rest = 0, {}
-    for row in plpy.execute(_DLQ_EVENTS):
+    for row in spi.execute(plpy, "SELECT * FROM mailbox._take_inbox_dlq_events()"):
         if sent < max_per_run:
             alerts.emit(
                 plpy,
@@ -102,14 +61,19 @@ def dlq_alerts(plpy, max_per_run):
 
 def gap_alerts(plpy, inbox, threshold):
     """inbox_ordering_gap once per gap older than the threshold; forget gaps that closed."""
-    gaps = json.loads(plpy.execute(plpy.prepare(_GAPS, ["int"]), [inbox.key])[0]["gaps"])
+    gaps = json.loads(
+        spi.execute(plpy, "SELECT mailbox._inbox_gaps($1)::text AS gaps", ["int"], [inbox.key])[0][
+            "gaps"
+        ]
+    )
     current = {(g["aggregate_id"], g["expected_seq"]): g for g in gaps}
     alerted = {
         (r["aggregate_id"], r["expected_seq"])
-        for r in plpy.execute(plpy.prepare(_GAP_ALERTED, ["int"]), [inbox.key])
+        for r in spi.execute(
+            plpy, "SELECT * FROM mailbox._inbox_gaps_alerted($1)", ["int"], [inbox.key]
+        )
     }
-    record = plpy.prepare(_GAP_RECORD, ["int", "text", "bigint"])
-    forget = plpy.prepare(_GAP_FORGET, ["int", "text", "bigint"])
+    gap_types = ["int", "text", "bigint"]
     sent = 0
     for key in sorted(current.keys() - alerted):
         gap = current[key]
@@ -126,18 +90,22 @@ def gap_alerts(plpy, inbox, threshold):
                 "gap_age_sec": gap["gap_age_sec"],
             },
         )
-        plpy.execute(record, [inbox.key, *key])
+        spi.execute(
+            plpy, "SELECT mailbox._record_inbox_gap_alert($1, $2, $3)", gap_types, [inbox.key, *key]
+        )
         sent += 1
     for key in sorted(alerted - current.keys()):
-        plpy.execute(forget, [inbox.key, *key])
+        spi.execute(
+            plpy, "SELECT mailbox._forget_inbox_gap_alert($1, $2, $3)", gap_types, [inbox.key, *key]
+        )
     return sent
 
 
 def run(plpy):
-    batch = _setting(plpy, "inbox_drain_batch_size", 10000, 1, 1000000)
-    dlq_hours = _setting(plpy, "inbox_dlq_retention_hours", 0)
-    max_alerts = _setting(plpy, "inbox_dlq_alert_max_per_run", 10, 0, 10000)
-    gap_threshold = _setting(plpy, "inbox_gap_alert_seconds", 60, 0, 31536000)
+    batch = settings.get_int(plpy, "inbox_drain_batch_size")
+    dlq_hours = settings.get_int(plpy, "inbox_dlq_retention_hours")
+    max_alerts = settings.get_int(plpy, "inbox_dlq_alert_max_per_run")
+    gap_threshold = settings.get_int(plpy, "inbox_gap_alert_seconds")
     result = {
         "inbox_processed_drained": 0,
         "inbox_dlq_drained": 0,
@@ -169,7 +137,9 @@ def run(plpy):
         result["inbox_processed_drained"] += processed
         result["inbox_dlq_drained"] += dead
         result["inbox_gap_alerts"] += gaps
-    result["inbox_leases_expired"] = plpy.execute(_EXPIRE_LEASES)[0]["n"]
+    result["inbox_leases_expired"] = spi.execute(
+        plpy, "SELECT mailbox._expire_inbox_leases() AS n"
+    )[0]["n"]
     sent, batches = dlq_alerts(plpy, max_alerts)
     result["inbox_dlq_alerts"] = sent
     result["inbox_dlq_batch_alerts"] = batches

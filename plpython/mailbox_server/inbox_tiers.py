@@ -5,15 +5,17 @@ range of priority values without overlap, each tier gets a view ``pending_<inbox
 """
 
 import json
+import re
 
 from .errors import MailboxError
-from .naming import NAME_RE
 
 DEFAULT_TIERS = [
     {"name": "critical", "min": 1, "max": 2},
     {"name": "normal", "min": 3, "max": 6},
     {"name": "background", "min": 7, "max": 9},
 ]
+# a tier name becomes part of a view name (pending_<inbox>_<tier>): a lowercase identifier
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 MAX_TIER_NAME_BYTES = 14
 MAX_TIERS = 32
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1

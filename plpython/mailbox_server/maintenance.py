@@ -7,8 +7,7 @@ A second concurrent call returns ``{"skipped": true}`` instead of waiting.
 
 from . import alerts, inbox_maintenance, outbox_maintenance
 
-# pg_mailbox's advisory lock namespace (see mailbox._ddl_lock): key 2 = maintenance
-LOCK_SQL = "SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 2) AS ok"
+LOCK_SQL = "SELECT mailbox._try_maintenance_lock() AS ok"
 
 OWNER_CODE_BEGIN_SQL = "SELECT mailbox._owner_code_begin()"
 OWNER_CODE_END_SQL = "SELECT mailbox._owner_code_end()"

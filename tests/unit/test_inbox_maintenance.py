@@ -35,17 +35,19 @@ def test_dlq_alerts_cap_and_summarise(plpy):
         }
         for i in range(5)
     ]
-    plpy.answer("DELETE FROM mailbox._inbox_dlq_event", events)
+    plpy.answer("mailbox._take_inbox_dlq_events()", events)
     plpy.answer("mailbox._alert", [])
     assert inbox_maintenance.dlq_alerts(plpy, 2) == (2, 1)
-    sent = [(args[0], json.loads(args[1])) for query, args in plpy.calls if "_alert" in query]
+    sent = [
+        (args[0], json.loads(args[1])) for query, args in plpy.calls if "mailbox._alert(" in query
+    ]
     assert [s[0] for s in sent] == ["inbox_dlq_message", "inbox_dlq_message", "inbox_dlq_batch"]
     assert [s[1]["event_id"] for s in sent[:2]] == ["e0", "e1"]
     assert sent[2][1]["count"] == 3 and sent[2][1]["inboxes"] == {"a": 1, "b": 2}
 
 
 def test_no_dead_letters_no_alerts(plpy):
-    plpy.answer("DELETE FROM mailbox._inbox_dlq_event", [])
+    plpy.answer("mailbox._take_inbox_dlq_events()", [])
     assert inbox_maintenance.dlq_alerts(plpy, 10) == (0, 0)
 
 
@@ -56,17 +58,17 @@ def test_gap_alerts_once_per_gap_past_the_threshold(plpy):
         {"aggregate_id": "B", "expected_seq": 1, "found_seq": 4, "gap_age_sec": 5.0},
         {"aggregate_id": "C", "expected_seq": 7, "found_seq": 9, "gap_age_sec": 500.0},
     ]
-    plpy.answer("mailbox._inbox_gap_list(i)", [{"gaps": json.dumps(gaps)}])
+    plpy.answer("mailbox._inbox_gaps($1)", [{"gaps": json.dumps(gaps)}])
     plpy.answer(
-        "SELECT aggregate_id, expected_seq FROM mailbox._inbox_gap_alert",
+        "mailbox._inbox_gaps_alerted(",
         [{"aggregate_id": "C", "expected_seq": 7}, {"aggregate_id": "Z", "expected_seq": 1}],
     )
     plpy.answer("mailbox._alert", [])
-    plpy.answer("INSERT INTO mailbox._inbox_gap_alert", [])
-    plpy.answer("DELETE FROM mailbox._inbox_gap_alert", [])
+    plpy.answer("mailbox._record_inbox_gap_alert(", [])
+    plpy.answer("mailbox._forget_inbox_gap_alert(", [])
     assert inbox_maintenance.gap_alerts(plpy, inbox, 60) == 1
-    alerts = [json.loads(args[1]) for query, args in plpy.calls if "_alert(" in query]
+    alerts = [json.loads(args[1]) for query, args in plpy.calls if "mailbox._alert(" in query]
     assert [(a["aggregate_id"], a["expected_seq"]) for a in alerts] == [("A", 2)]
-    recorded = [args for query, args in plpy.calls if "INSERT INTO mailbox._inbox_gap" in query]
-    forgotten = [args for query, args in plpy.calls if "DELETE FROM mailbox._inbox_gap" in query]
+    recorded = [args for query, args in plpy.calls if "_record_inbox_gap_alert(" in query]
+    forgotten = [args for query, args in plpy.calls if "_forget_inbox_gap_alert(" in query]
     assert recorded == [[1, "A", 2]] and forgotten == [[1, "Z", 1]]

@@ -1,0 +1,119 @@
+-- Part 37 (claim settle): claims whose leases are written only if they outlive their
+-- transaction (issue 11).
+--
+-- A claim must keep other workers off its messages for its visibility timeout. While the
+-- claiming transaction is open, its row locks (FOR UPDATE, taken by the generated claim)
+-- already do that: every claimer skips locked rows. A lease row is needed only once the
+-- transaction commits with messages still pending (claim in one transaction, mark in a
+-- later one). So in READ COMMITTED, for an inbox without ordering, inbox_claim writes one
+-- mailbox._inbox_open_claim row per call (the ids, holder and lease end) instead of a
+-- lease row per message, and the deferred constraint trigger below settles it at commit:
+-- the ids still pending (neither processed nor dead letters, asked of the generated
+-- unsettled function as the table owner) become lease rows, and the claim row is deleted.
+-- A claim whose messages are marked in its own transaction (the documented exactly-once
+-- pattern) so writes no lease row at all, and its mark deletes none.
+--
+-- Why no other claimer can win a message in between (docs/inbox.md, "Leases"): the lease
+-- rows are written before the commit releases the row locks and become visible with it. A
+-- claimer whose statement snapshot predates that commit can still lock the row after it,
+-- so inbox_claim re-reads the leases of the rows it locked in a new statement (a new
+-- snapshot in READ COMMITTED, taken after the lock was granted, so after that commit) and
+-- keeps only those without a live lease or pending retry time. Under REPEATABLE READ or
+-- SERIALIZABLE a statement cannot see past the transaction's snapshot, so there (and for
+-- ordered inboxes, whose claim reads other messages' leases to keep one message of an
+-- aggregate in flight) inbox_claim writes the lease rows at once and the ON CONFLICT
+-- upsert decides, as before.
+--
+-- Only extension-owned code writes mailbox._inbox_open_claim, so the ids a commit leases are
+-- ids its transaction claimed; a failure report (part 37, _inbox_fail_one) and a replay
+-- take their ids out of the open claims of their own transaction, so those messages are
+-- claimable again at once rather than leased at commit.
+
+-- Settles one open claim now: the ids still pending (neither processed nor dead letters, as
+-- the table owner sees them) become lease rows and the claim row is deleted. Called at commit
+-- by the deferred trigger below, and by inbox_claim for the open claims of its own
+-- transaction before it claims again (so the new claim, like every claim, skips them by
+-- their lease rows).
+CREATE FUNCTION mailbox._inbox_settle(p_claim_no bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_claim mailbox._inbox_open_claim;
+    v_inbox mailbox._inbox;
+    v_left text[];
+    v_won int;
+BEGIN
+    -- the row as it is now: a failure report may have taken ids out since the insert
+    DELETE FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = p_claim_no RETURNING o.* INTO v_claim;
+    IF NOT FOUND OR pg_catalog.cardinality(v_claim.event_ids) = 0 THEN
+        RETURN; -- settled already (by a batch mark or an earlier call), or nothing is left
+    END IF;
+    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_key = v_claim.inbox_key;
+    IF NOT FOUND THEN
+        RETURN; -- the inbox was dropped in the same transaction
+    END IF;
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_unsettled')
+        INTO v_left
+        USING v_inbox, v_claim.event_ids;
+    IF v_left IS NULL THEN
+        RETURN;
+    END IF;
+    -- the claim held these rows locked since it re-read their leases, so no live lease or
+    -- retry time of another worker can be in the way; the WHERE only keeps that true
+    WITH won AS (
+        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
+                                               leased_by_pid)
+        SELECT v_claim.inbox_key, m.id, v_claim.lease_until, v_claim.leased_by, NULL, v_claim.leased_by_pid
+          FROM pg_catalog.unnest(v_left) AS m (id)
+            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
+           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
+               leased_by_pid = excluded.leased_by_pid
+         WHERE (x.lease_until IS NULL OR x.lease_until <= pg_catalog.clock_timestamp())
+           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= pg_catalog.clock_timestamp())
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) INTO v_won FROM won;
+    IF v_won <> pg_catalog.cardinality(v_left) THEN
+        RAISE EXCEPTION 'inbox claim of % could not be settled: % of % leases are held by another worker',
+            v_inbox.inbox_name, pg_catalog.cardinality(v_left) - v_won, pg_catalog.cardinality(v_left)
+            USING ERRCODE = 'XX000',
+                  HINT = 'This is a bug in pg_mailbox; the transaction was rolled back, so no message was lost.';
+    END IF;
+END
+$$;
+
+-- The deferred trigger on mailbox._inbox_open_claim: settles one claim at commit (or at
+-- SET CONSTRAINTS ... IMMEDIATE, after which later marks delete the lease rows as usual).
+CREATE FUNCTION mailbox._inbox_settle_claim()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- writes the leases of any inbox at the commit of a mailbox_consumer's claim
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._inbox_settle(NEW.claim_no);
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION mailbox._inbox_settle_claim() IS
+'pg_mailbox: at commit, turns the still pending messages of an inbox claim into lease rows';
+
+CREATE CONSTRAINT TRIGGER _inbox_settle_claim
+AFTER INSERT ON mailbox._inbox_open_claim
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW EXECUTE FUNCTION mailbox._inbox_settle_claim();
+
+-- Takes ids out of the open claims of the caller's own transaction (the only claim rows it
+-- can see), so its commit does not lease them: a failure report or replay settles them.
+CREATE FUNCTION mailbox._inbox_unclaim(p_inbox_key int, p_event_ids text[])
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    UPDATE mailbox._inbox_open_claim AS o
+       SET event_ids = ARRAY(SELECT e.id FROM pg_catalog.unnest(o.event_ids) AS e (id)
+                              WHERE e.id <> ALL (p_event_ids))
+     WHERE o.inbox_key = p_inbox_key AND o.event_ids && p_event_ids;
+$$;

@@ -1,0 +1,94 @@
+-- Part 43: the statements of the inbox's maintenance steps, and the alert log's drain, one
+-- private function each (as part 42 is for the outbox). mailbox_server/inbox_maintenance.py
+-- and alerts.py orchestrate them: which inboxes, in which subtransaction, which alerts.
+
+-- Deletes lease rows that no longer hold anything: expired, and no retry time pending.
+CREATE FUNCTION mailbox._expire_inbox_leases()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE (l.lease_until IS NULL OR l.lease_until < pg_catalog.clock_timestamp())
+           AND (l.next_attempt_at IS NULL OR l.next_attempt_at < pg_catalog.clock_timestamp())
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;
+
+-- Takes every dead letter not announced yet, oldest first (one maintenance pass consumes them
+-- all and announces them, up to its cap, as alerts).
+CREATE FUNCTION mailbox._take_inbox_dlq_events()
+RETURNS TABLE (event_no bigint, inbox_name text, event_id text, error text, retry_count int, dead_at text)
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (DELETE FROM mailbox._inbox_dlq_event RETURNING *)
+    SELECT gone.event_no, i.inbox_name, gone.event_id, gone.error, gone.retry_count, gone.dead_at::text
+      FROM gone JOIN mailbox._inbox AS i ON i.inbox_key = gone.inbox_key
+     ORDER BY gone.event_no;
+$$;
+
+-- The gaps of an inbox already announced by an inbox_ordering_gap alert.
+CREATE FUNCTION mailbox._inbox_gaps_alerted(p_inbox_key int)
+RETURNS TABLE (aggregate_id text, expected_seq bigint)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.aggregate_id, a.expected_seq FROM mailbox._inbox_gap_alert AS a WHERE a.inbox_key = p_inbox_key;
+$$;
+
+CREATE FUNCTION mailbox._record_inbox_gap_alert(p_inbox_key int, p_aggregate_id text, p_expected_seq bigint)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO mailbox._inbox_gap_alert (inbox_key, aggregate_id, expected_seq)
+    VALUES (p_inbox_key, p_aggregate_id, p_expected_seq)
+        ON CONFLICT DO NOTHING;
+$$;
+
+-- A gap that closed: the next time it opens it is announced again.
+CREATE FUNCTION mailbox._forget_inbox_gap_alert(p_inbox_key int, p_aggregate_id text, p_expected_seq bigint)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM mailbox._inbox_gap_alert AS a
+     WHERE a.inbox_key = p_inbox_key AND a.aggregate_id = p_aggregate_id AND a.expected_seq = p_expected_seq;
+$$;
+
+-- Retention of one inbox by key: processed rows (p_dead false) or dead letters (true) older
+-- than p_hours, at most p_batch, deleted with the table owner's rights (part 38).
+CREATE FUNCTION mailbox._drain_inbox(p_inbox_key int, p_dead boolean, p_hours int, p_batch int)
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT mailbox._inbox_drain(i, p_dead, p_hours, p_batch) FROM mailbox._inbox AS i WHERE i.inbox_key = p_inbox_key;
+$$;
+
+-- Every gap of an ordered inbox by key, as the jsonb array of mailbox._inbox_gap_list (part 34).
+CREATE FUNCTION mailbox._inbox_gaps(p_inbox_key int)
+RETURNS jsonb
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT mailbox._inbox_gap_list(i) FROM mailbox._inbox AS i WHERE i.inbox_key = p_inbox_key;
+$$;
+
+-- Deletes alert_log rows older than mailbox.alert_retention_hours; returns how many.
+CREATE FUNCTION mailbox._drain_alert_log()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox.alert_log AS a
+         WHERE a.created_at < pg_catalog.now()
+               - pg_catalog.make_interval(hours => mailbox._setting_int('alert_retention_hours'))
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;

@@ -1,0 +1,265 @@
+"""Claims that write leases only when they outlive their transaction (issue 11, docs/inbox.md
+"Leases"): in READ COMMITTED an inbox_claim of an unordered inbox writes one
+mailbox._inbox_open_claim row per call, and its commit turns the messages still pending
+into lease rows. These tests prove that the cheaper path keeps every property of a lease:
+nothing written for a claim marked in its own transaction, a lease for what is left at
+commit, a failure report or replay in the claiming transaction leaving no lease behind, and
+a claimer whose snapshot predates another worker's committed lease never winning the message.
+"""
+
+import threading
+import time
+
+import psycopg
+import pytest
+from mbx import rows, scalar
+
+
+def receive(conn, inbox, event_id):
+    return scalar(conn, "SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id])
+
+
+def claim(conn, inbox, worker="w", batch=10, visibility=30):
+    return [
+        r[0]
+        for r in rows(
+            conn,
+            "SELECT event_id FROM mailbox.inbox_claim(%s, %s, %s, %s)",
+            [inbox, worker, batch, visibility],
+        )
+    ]
+
+
+def leases(conn):
+    return rows(
+        conn,
+        "SELECT event_id, leased_by, lease_until IS NOT NULL, next_attempt_at IS NOT NULL"
+        " FROM mailbox._inbox_lease ORDER BY event_id",
+    )
+
+
+@pytest.fixture
+def q(db):
+    db.execute("SELECT mailbox.create_inbox('q', p_max_retries => 3)")
+    return db
+
+
+def test_claim_and_mark_in_one_transaction_write_no_lease(q, connect):
+    for i in range(3):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    assert sorted(claim(w, "q")) == ["m0", "m1", "m2"]
+    # the claim is one open-claim row of this transaction, not a lease row per message
+    assert scalar(w, "SELECT count(*) FROM mailbox._inbox_lease") == 0
+    assert rows(w, "SELECT cardinality(event_ids), leased_by FROM mailbox._inbox_open_claim") == [
+        (3, "w")
+    ]
+    # other sessions never see it, and the row locks keep them off the messages
+    assert scalar(q, "SELECT count(*) FROM mailbox._inbox_open_claim") == 0
+    assert claim(connect(), "q", "other") == []
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m0', 'm1'])") == 2
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'm2')") is True
+    w.commit()
+    assert leases(q) == []
+    assert scalar(q, "SELECT count(*) FROM mailbox._inbox_open_claim") == 0
+    assert scalar(q, "SELECT count(*) FROM mailbox.q WHERE processed_at IS NULL") == 0
+
+
+def test_what_is_left_at_commit_is_leased_to_the_claimer(q, connect):
+    for i in range(3):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    got = rows(w, "SELECT event_id, lease_until FROM mailbox.inbox_claim('q', 'w1', 10, 30)")
+    assert sorted(g[0] for g in got) == ["m0", "m1", "m2"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'm1')") is True
+    w.commit()
+    # m0 and m2 outlive the transaction: leased to w1 until the lease_until claim returned
+    assert leases(q) == [("m0", "w1", True, False), ("m2", "w1", True, False)]
+    until = dict(got)
+    for event_id, lease_until in rows(q, "SELECT event_id, lease_until FROM mailbox._inbox_lease"):
+        assert lease_until == until[event_id]
+    assert claim(connect(), "q", "w2") == []
+    # a later transaction's mark ends the lease as before
+    assert scalar(q, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m0', 'm2'])") == 2
+    assert leases(q) == []
+
+
+def test_a_failure_report_in_the_claiming_transaction_leaves_no_lease(q, connect):
+    receive(q, "q", "now")
+    receive(q, "q", "later")
+    w = connect(autocommit=False)
+    assert sorted(claim(w, "q")) == ["later", "now"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_failed('q', 'now', 'boom', 0)") == "retry"
+    assert scalar(w, "SELECT mailbox.inbox_mark_failed('q', 'later', 'boom', 60)") == "retry"
+    w.commit()
+    # 'now' is claimable at once; 'later' waits for its retry time, leased by nobody
+    assert leases(q) == [("later", None, False, True)]
+    assert claim(connect(), "q", "w2") == ["now"]
+
+
+def test_a_replay_in_the_claiming_transaction_leaves_no_lease(q, connect):
+    receive(q, "q", "r")
+    w = connect(autocommit=False)
+    assert claim(w, "q") == ["r"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'r')") is True
+    assert scalar(w, "SELECT mailbox.replay_inbox_messages('q', ARRAY['r'])") == 1
+    w.commit()
+    assert leases(q) == []
+    assert claim(connect(), "q", "w2") == ["r"]
+
+
+def test_a_second_claim_in_one_transaction_gets_the_next_messages(q, connect):
+    """Within its own transaction a claim's row locks do not keep it off its own messages:
+    the second claim settles the first one into lease rows and skips them, as it did when
+    every claim wrote leases."""
+    for i in range(5):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    first = claim(w, "q", batch=2)
+    second = claim(w, "q", batch=2)
+    assert len(first) == 2 and len(second) == 2 and not set(first) & set(second)
+    assert [r[0] for r in leases(w)] == sorted(first)  # the first claim, settled early
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', %s::text[])", [second]) == 2
+    w.commit()
+    assert [r[0] for r in leases(q)] == sorted(first)  # still pending: leased to w
+    assert claim(connect(), "q", "other") == sorted(
+        {f"m{i}" for i in range(5)} - set(first) - set(second)
+    )
+
+
+def test_a_rolled_back_claim_leaves_nothing(q, connect):
+    receive(q, "q", "m")
+    w = connect(autocommit=False)
+    assert claim(w, "q") == ["m"]
+    w.rollback()
+    assert leases(q) == []
+    assert claim(connect(), "q", "w2") == ["m"]
+
+
+def test_set_constraints_immediate_leases_at_once_and_the_mark_ends_it(q, connect):
+    receive(q, "q", "m")
+    w = connect(autocommit=False)
+    w.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert claim(w, "q") == ["m"]
+    assert leases(w) == [("m", "w", True, False)]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m'])") == 1
+    assert leases(w) == []
+    w.commit()
+    assert leases(q) == []
+
+
+GATED = """
+CREATE SCHEMA gated AUTHORIZATION "{owner}";
+SET ROLE "{owner}";
+CREATE FUNCTION gated.gate(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- a claim of the session named 'gated' stops at message 'm' until the test lets it on
+    IF id = 'm' AND current_setting('application_name') = 'gated' THEN
+        PERFORM pg_advisory_lock_shared(4242);
+        PERFORM pg_advisory_unlock_shared(4242);
+    END IF;
+    RETURN true;
+END $$;
+CREATE TABLE gated.inbox (
+    event_id text PRIMARY KEY, payload jsonb, event_type text,
+    received_at timestamptz DEFAULT now(), processed_at timestamptz, error text,
+    retry_count int DEFAULT 0
+);
+ALTER TABLE gated.inbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE gated.inbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY gate ON gated.inbox USING (gated.gate(event_id)) WITH CHECK (true);
+RESET ROLE;
+"""
+
+
+def test_a_claimer_whose_scan_predates_a_committed_lease_does_not_win_the_message(db, connect):
+    """B's claim statement takes its snapshot, then stops in its scan (a row-level security
+    policy of the table owner, released by the test) before it reaches message m. A claims m
+    and commits without marking it, so m is leased to A and A's row lock is gone. B then
+    locks m (its snapshot cannot see A's lease); the re-read of the leases after the lock
+    must drop it: B gets nothing and A keeps its lease."""
+    owner = f"gate_{db.info.dbname[-8:]}"
+    db.execute(f'CREATE ROLE "{owner}"')
+    try:
+        db.execute(GATED.replace("{owner}", owner))
+        db.execute("SELECT mailbox.enable_inbox_tracking('g', 'gated.inbox')")
+        receive(db, "g", "m")
+        control = connect(autocommit=False)
+        control.execute("SELECT pg_advisory_lock(4242)")
+        b = connect(application_name="gated")
+        got = {}
+
+        def run_b():
+            got["b"] = claim(b, "g", "B")
+
+        thread = threading.Thread(target=run_b, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while (
+            scalar(
+                db,
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                [b.info.backend_pid],
+            )
+            != "Lock"
+        ):
+            assert time.monotonic() < deadline, "B never reached the gate"
+            time.sleep(0.02)
+        assert claim(connect(), "g", "A") == ["m"]  # autocommit: leased to A at commit
+        control.execute("SELECT pg_advisory_unlock(4242)")
+        control.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert got["b"] == []
+        assert leases(db) == [("m", "A", True, False)]
+    finally:
+        db.execute("SELECT mailbox.drop_inbox('g', true)")
+        db.execute(f'DROP OWNED BY "{owner}" CASCADE')
+        db.execute(f'DROP ROLE "{owner}"')
+
+
+def test_workers_mixing_both_lease_paths_claim_every_message_once(q, connect):
+    """Four workers claim in batches of 7: two in READ COMMITTED (open claims) and two in
+    REPEATABLE READ (leases written at once, retried on a serialization failure); each
+    commits its claim, marks in a second transaction, and every message is marked once."""
+    q.execute(
+        "SELECT mailbox.inbox_receive_batch('q', jsonb_agg(jsonb_build_object("
+        "'p_event_id', 'e' || g, 'p_payload', '{}'::jsonb))) FROM generate_series(1, 300) g"
+    )
+    seen, errors = [], []
+    barrier = threading.Barrier(4)
+
+    def work(i):
+        try:
+            conn = connect(autocommit=False)
+            if i >= 2:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            barrier.wait()
+            while True:
+                try:
+                    got = claim(conn, "q", f"w{i}", 7)
+                    conn.commit()
+                except psycopg.errors.SerializationFailure:
+                    conn.rollback()
+                    continue
+                if not got:
+                    if scalar(conn, "SELECT count(*) FROM mailbox.pending_q") == 0:
+                        conn.commit()
+                        return
+                    conn.commit()
+                    continue
+                marked = scalar(conn, "SELECT mailbox.inbox_mark_processed('q', %s::text[])", [got])
+                conn.commit()
+                assert marked == len(got)
+                seen.extend(got)
+        except Exception as exc:  # reported after the join
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(seen) == sorted(f"e{g}" for g in range(1, 301))
+    assert leases(q) == []

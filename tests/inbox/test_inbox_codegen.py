@@ -1,0 +1,146 @@
+"""The per-inbox generated functions behind receive/claim/mark and the control plane's reads
+(docs/inbox.md, part 35): made with the inbox, owned by its table's owner and run with its
+rights, rebuilt on every configuration change (also for a session that already cached them),
+dropped with it, private, and safe with any column names."""
+
+from mbx import drop_role, make_role, raises, rows, scalar
+
+GENERATED = """
+SELECT p.proname, p.prosecdef, p.proconfig, has_function_privilege('public', p.oid, 'EXECUTE'),
+       pg_get_userbyid(p.proowner)
+  FROM pg_proc p
+ WHERE p.pronamespace = 'mailbox'::regnamespace
+   AND p.proname LIKE '\\_inbox\\_' || %s || '\\_%%'
+ ORDER BY 1
+"""
+
+
+def key(db, inbox):
+    return scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = %s", [inbox])
+
+
+def test_create_makes_private_functions_and_drop_removes_them(db):
+    db.execute("SELECT mailbox.create_inbox('gen')")
+    k = key(db, "gen")
+    got = rows(db, GENERATED, [str(k)])
+    assert [r[0] for r in got] == [
+        f"_inbox_{k}_{kind}"
+        for kind in (
+            "claim",
+            "failed",
+            "processed",
+            "processed_batch",
+            "query",
+            "receive",
+            "receive_batch",
+            "unsettled",
+        )
+    ]
+    # a managed table's owner is the extension owner
+    extension_owner = scalar(
+        db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
+    )
+    for _name, definer, config, public, owner in got:
+        assert definer and not public and owner == extension_owner
+        assert config[0] == "search_path=pg_catalog, mailbox, pg_temp"
+    db.execute("SELECT mailbox.drop_inbox('gen', p_cascade => true)")
+    assert rows(db, GENERATED, [str(k)]) == []
+
+
+def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_the_table(db):
+    owner = make_role(db)
+    db.execute(f'GRANT CREATE ON SCHEMA public TO "{owner}"')
+    db.execute(
+        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
+        " tries int NOT NULL DEFAULT 0, got timestamptz)"
+    )
+    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
+    db.execute(
+        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
+        " p_received_at_column => 'got')"
+    )
+    k = key(db, "legacy")
+    got = rows(db, GENERATED, [str(k)])
+    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 8
+    # so are its views; the per-inbox state views stay the extension's, readable by the owner
+    assert {
+        r[0] for r in rows(db, "SELECT viewowner FROM pg_views WHERE viewname LIKE '%%legacy'")
+    } == {owner}
+    for kind in ("lease", "aggregate", "config"):
+        assert scalar(
+            db, f"SELECT has_table_privilege(%s, 'mailbox._inbox_{k}_{kind}', 'SELECT')", [owner]
+        )
+    db.execute("SELECT mailbox.drop_inbox('legacy')")
+    assert rows(db, GENERATED, [str(k)]) == []
+    assert scalar(db, f"SELECT to_regclass('mailbox._inbox_{k}_lease')") is None
+    assert scalar(db, "SELECT to_regclass('public.legacy') IS NOT NULL")
+    drop_role(db, owner)
+
+
+def test_a_session_that_cached_the_functions_follows_ordering_and_priority_changes(db, connect):
+    db.execute("SELECT mailbox.create_inbox('cfg')")
+    worker = connect()
+    # warm the worker's plan caches on the plain configuration
+    assert worker.execute(
+        "SELECT mailbox.inbox_receive('cfg', 'a', '{}', p_priority => 9)"
+    ).fetchone()[0]
+    assert worker.execute(
+        "SELECT mailbox.inbox_receive('cfg', 'b', '{}', p_priority => 1)"
+    ).fetchone()[0]
+    assert rows(worker, "SELECT event_id FROM mailbox.inbox_claim('cfg', 'w', 1, 1)") == [("a",)]
+    db.execute("UPDATE mailbox._inbox_lease SET lease_until = now() - interval '1 s'")
+
+    db.execute("SELECT mailbox.enable_inbox_priority('cfg')")
+    assert rows(worker, "SELECT event_id FROM mailbox.inbox_claim('cfg', 'w', 2)") == [
+        ("b",),
+        ("a",),
+    ]
+    worker.execute("SELECT mailbox.inbox_mark_processed('cfg', 'a')")
+    worker.execute("SELECT mailbox.inbox_mark_processed('cfg', 'b')")
+
+    db.execute("SELECT mailbox.disable_inbox_priority('cfg')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('cfg')")
+    with raises("22004"):  # ordered now: aggregate and sequence are required
+        worker.execute("SELECT mailbox.inbox_receive('cfg', 'c', '{}')")
+    for event_id, seq in (("s2", 2), ("s1", 1)):
+        worker.execute(
+            "SELECT mailbox.inbox_receive('cfg', %s, '{}',"
+            " p_aggregate_id => 'A', p_sequence_num => %s)",
+            [event_id, seq],
+        )
+    assert rows(worker, "SELECT event_id FROM mailbox.inbox_claim('cfg', 'w', 10)") == [("s1",)]
+    worker.execute("SELECT mailbox.inbox_mark_processed('cfg', 's1')")
+    assert scalar(db, "SELECT last_seq FROM mailbox._inbox_aggregate") == 1
+
+    db.execute("SELECT mailbox.disable_inbox_ordering('cfg')")
+    assert worker.execute("SELECT mailbox.inbox_receive('cfg', 'c', '{}')").fetchone()[0]
+    assert rows(worker, "SELECT event_id FROM mailbox.inbox_claim('cfg', 'w', 10)") == [
+        ("s2",),
+        ("c",),
+    ]
+
+
+def test_column_names_that_look_like_variables_are_columns(db):
+    # the generated bodies have unnamed parameters and use_column, so an adopted table whose
+    # columns are named like PL/pgSQL variables (found, v_id, ...) still works
+    db.execute(
+        'CREATE TABLE public.odd ("found" text PRIMARY KEY, v_id timestamptz,'
+        " v_retries int NOT NULL DEFAULT 0, v_rows timestamptz, v_processed text, p_inbox jsonb)"
+    )
+    db.execute(
+        "SELECT mailbox.enable_inbox_tracking('odd', 'public.odd', 'found', 'v_id', 'v_retries',"
+        " 'v_processed', 'v_rows', p_payload_column => 'p_inbox',"
+        " p_max_retries => 2)"
+    )
+    assert scalar(db, "SELECT mailbox.inbox_receive('odd', 'x', '{\"n\": 1}')") is True
+    assert scalar(db, "SELECT mailbox.inbox_receive('odd', 'x', '{}')") is False
+    got = rows(db, "SELECT event_id, payload FROM mailbox.inbox_claim('odd', 'w')")
+    assert got == [("x", {"n": 1})]
+    assert scalar(db, "SELECT mailbox.inbox_mark_failed('odd', 'x', 'boom')") == "retry"
+    assert scalar(db, "SELECT v_processed FROM public.odd") == "boom"
+    assert scalar(db, "SELECT mailbox.inbox_mark_failed('odd', 'x', 'boom')") == "dead_letter"
+    with raises("42704"):
+        db.execute("SELECT mailbox.inbox_mark_failed('odd', 'nope', 'boom')")
+    assert scalar(db, "SELECT mailbox.inbox_mark_processed('odd', 'x')") is True
+    with raises("55000"):
+        db.execute("SELECT mailbox.inbox_mark_failed('odd', 'x', 'boom')")

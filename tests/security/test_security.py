@@ -1,0 +1,201 @@
+"""Privileges by default (SPEC §0): roles, no PUBLIC execute, pinned search_path."""
+
+import re
+
+import pytest
+from mbx import drop_role, make_role, raises, rows, scalar
+
+PUBLIC_FUNCTIONS_SQL = """
+SELECT p.oid::regprocedure::text FROM pg_proc p
+ WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname NOT LIKE '\\_%'
+"""
+
+
+def test_roles_exist_and_admin_is_producer_and_consumer(db):
+    got = rows(
+        db, "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 'mailbox\\_%' ORDER BY 1"
+    )
+    assert [tuple(r) for r in got] == [
+        ("mailbox_admin", False),
+        ("mailbox_consumer", False),
+        ("mailbox_producer", False),
+    ]
+    assert scalar(
+        db,
+        "SELECT pg_has_role('mailbox_admin', 'mailbox_producer', 'MEMBER')"
+        " AND pg_has_role('mailbox_admin', 'mailbox_consumer', 'MEMBER')",
+    )
+
+
+def test_public_cannot_execute_any_function(db):
+    got = rows(
+        db,
+        """
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+         WHERE p.pronamespace = 'mailbox'::regnamespace
+           AND has_function_privilege('public', p.oid, 'EXECUTE')""",
+    )
+    assert got == []
+
+
+def test_every_security_definer_function_pins_search_path(db):
+    got = rows(
+        db,
+        """
+        SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc p
+         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.prosecdef""",
+    )
+    assert got, "expected SECURITY DEFINER functions"
+    for name, config in got:
+        assert config[0] == "search_path=pg_catalog, mailbox, pg_temp", name
+        assert set(config[1:]) <= {"max_parallel_workers_per_gather=0"}, name
+
+
+def test_every_function_has_a_pinned_search_path(db):
+    # Three exceptions: enable_outbox, an invoker function that must resolve its table
+    # argument with the caller's search_path (it calls the definer _enable_outbox); the
+    # procedure run_numberer, which commits and so may not have a SET clause (it pins the
+    # path with set_config first: test_run_numberer_resolves_no_operator_through_the_callers_path);
+    # and the settings registry _settings(), a VALUES list of literals that names nothing a
+    # path could redirect, left without SET so the planner inlines it into the parsers
+    # (test_the_settings_registry_names_nothing_a_search_path_could_redirect)
+    got = rows(
+        db,
+        """
+        SELECT p.oid::regprocedure::text FROM pg_proc p
+         WHERE p.pronamespace = 'mailbox'::regnamespace
+           AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')""",
+    )
+    assert sorted(r[0] for r in got) == [
+        "mailbox._settings()",
+        "mailbox.enable_outbox(text,integer,integer,text,boolean,integer)",
+        "mailbox.run_numberer(integer)",
+    ]
+
+
+def test_the_settings_registry_names_nothing_a_search_path_could_redirect(db):
+    body = scalar(db, "SELECT prosrc FROM pg_proc WHERE oid = 'mailbox._settings()'::regprocedure")
+    code = re.sub(r"'(?:[^']|'')*'", "''", body)  # string literals out
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_.]*", code))
+    assert words <= {"VALUES", "bigint", "NULL"}, words - {"VALUES", "bigint", "NULL"}
+
+
+def test_every_public_function_has_a_comment(db):
+    got = rows(db, PUBLIC_FUNCTIONS_SQL + " AND obj_description(p.oid, 'pg_proc') IS NULL")
+    assert got == []
+
+
+def test_public_cannot_read_extension_tables(db):
+    got = rows(
+        db,
+        """
+        SELECT c.oid::regclass::text FROM pg_class c
+         WHERE c.relnamespace = 'mailbox'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')
+           AND (has_table_privilege('public', c.oid, 'SELECT')
+                OR has_table_privilege('public', c.oid, 'INSERT'))""",
+    )
+    assert got == []
+
+
+@pytest.fixture
+def nobody(db):
+    role = make_role(db)
+    yield role
+    drop_role(db, role)
+
+
+def test_role_without_grants_gets_42501_everywhere(db, connect, nobody):
+    db.execute("SELECT mailbox.create_outbox('e')")
+    conn = connect()
+    conn.execute(f'SET ROLE "{nobody}"')
+    for call in [
+        "SELECT mailbox.create_outbox('x')",
+        "SELECT mailbox.enable_outbox('t')",
+        "SELECT mailbox.disable_outbox('e')",
+        "SELECT mailbox.outbox_publish('e', '{}')",
+        "SELECT mailbox.outbox_status('e')",
+        "SELECT * FROM mailbox.outbox_delta_rows('e', 1)",
+        "SELECT * FROM mailbox.outboxes",
+    ]:
+        with raises("42501"):
+            conn.execute(call)
+
+
+@pytest.fixture
+def consumer(db):
+    role = make_role(db, "mailbox_consumer")
+    yield role
+    drop_role(db, role)
+
+
+def test_consumer_reads_but_cannot_publish_or_manage(db, connect, consumer):
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("SELECT mailbox.enable_outbox('t', p_inline_threshold_rows => 0)")
+    db.execute("INSERT INTO t VALUES (1), (2)")
+    db.execute("SELECT mailbox._sequence_outbox(outbox_key) FROM mailbox._outbox")
+    conn = connect()
+    conn.execute(f'SET ROLE "{consumer}"')
+    assert len(rows(conn, "SELECT * FROM mailbox.outbox_delta_rows('t', 1)")) == 2
+    conn.execute("SELECT mailbox.outbox_rows_consumed('t', 1)")
+    with raises("42501"):
+        conn.execute("SELECT mailbox.outbox_publish('t', '{}')")
+    with raises("42501"):
+        conn.execute("SELECT mailbox.drop_outbox('t')")
+
+
+@pytest.fixture
+def admin(db):
+    role = make_role(db, "mailbox_admin")
+    yield role
+    drop_role(db, role)
+
+
+def test_admin_cannot_capture_a_table_it_may_not_read(db, connect, admin):
+    db.execute("CREATE TABLE secret (id int)")
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("SELECT mailbox.enable_outbox('t')")
+    conn = connect()
+    conn.execute(f'SET ROLE "{admin}"')
+    with raises("42501") as info:
+        conn.execute("SELECT mailbox.enable_outbox('secret')")
+    assert "permission denied to capture table: public.secret" in str(info.value)
+    with raises("42501"):
+        conn.execute("SELECT mailbox.outbox_snapshot('t')")
+    assert scalar(db, "SELECT count(*) FROM mailbox.outboxes") == 1
+
+
+def test_admin_manages_outboxes_on_tables_it_may_read_and_trigger(db, connect, admin):
+    db.execute("CREATE TABLE t (id int)")
+    db.execute(f'GRANT SELECT, TRIGGER ON t TO "{admin}"')
+    conn = connect()
+    conn.execute(f'SET ROLE "{admin}"')
+    assert scalar(conn, "SELECT mailbox.enable_outbox('t')") == "t"
+    conn.execute("SELECT mailbox.create_outbox('e')")
+    conn.execute("SELECT mailbox.outbox_publish('e', '{}')")  # admin is also a producer
+    assert scalar(conn, "SELECT mailbox.outbox_status('e')")["row_count"] == 1
+    assert scalar(conn, "SELECT count(*) FROM mailbox.outboxes") == 2
+    assert scalar(conn, "SELECT mailbox.outbox_snapshot('t')") == 0
+    conn.execute("SELECT mailbox.drop_outbox('t')")
+    conn.execute("SELECT mailbox.drop_outbox('e')")
+
+
+def test_run_numberer_resolves_no_operator_through_the_callers_path(db):
+    """pg_cron runs the numberer as the role that scheduled it. An operator that a tenant put
+    on the caller's search_path (an exact match for int / numeric, which pg_catalog lacks)
+    must not run inside it; the caller's path comes back afterwards."""
+    db.execute("CREATE SCHEMA hostile")
+    db.execute("CREATE TABLE hostile.ran (who text)")
+    db.execute(
+        "CREATE FUNCTION hostile.div(integer, numeric) RETURNS numeric LANGUAGE plpgsql AS"
+        " $$ BEGIN INSERT INTO hostile.ran VALUES (current_user); RETURN $1::numeric / $2; END $$"
+    )
+    db.execute(
+        "CREATE OPERATOR hostile./ (LEFTARG = integer, RIGHTARG = numeric, FUNCTION = hostile.div)"
+    )
+    db.execute("SET search_path = hostile, pg_catalog")
+    scalar(db, "SELECT 1 / 1000.0")  # the operator is the one this path resolves
+    assert scalar(db, "SELECT count(*) FROM ran") == 1
+    db.execute("CALL mailbox.run_numberer(1)")  # idles with pg_sleep(v_idle_ms / 1000.0)
+    assert scalar(db, "SELECT count(*) FROM hostile.ran") == 1  # only the check above
+    assert scalar(db, "SHOW search_path") == "hostile, pg_catalog"
+    db.execute("RESET search_path")
