@@ -154,7 +154,7 @@ $$;
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
 -- The inbox's generated functions and views are owned by the table's owner and run with its
--- rights, never the extension owner's (part 35, docs/inbox.md "Whose rights run what").
+-- rights, never the extension owner's (part 35, docs/security.md "Inbox tables").
 CREATE FUNCTION mailbox.enable_inbox_tracking(
     p_name text,
     p_table_ref text,

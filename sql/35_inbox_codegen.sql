@@ -11,7 +11,7 @@
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
--- Whose rights (docs/inbox.md, "Whose rights run what"): a table runs its owner's code
+-- Whose rights (docs/security.md, "Inbox tables"): a table runs its owner's code
 -- (triggers, defaults, check constraints, index expressions, domain checks, casts, RLS
 -- policies) with the rights of whoever touches it. The public inbox functions are SECURITY
 -- DEFINER (the extension owner, a superuser), so they never touch an inbox table themselves:

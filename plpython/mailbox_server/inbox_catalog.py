@@ -1,8 +1,8 @@
 """The inbox catalog as seen from Python: rows of mailbox._inbox.
 
 Python never reads or writes an inbox table: the SQL helpers it calls (mailbox._inbox_counts,
-_inbox_drain, _inbox_gap_list) do, with the table owner's rights (docs/inbox.md, "Whose
-rights run what").
+_inbox_drain, _inbox_gap_list) do, with the table owner's rights (docs/security.md, "Inbox
+tables run what").
 
 An inbox's table is its identity (``mailbox._inbox.table_rel``), not the name stored when it
 was made: ``Inbox.table`` is the table's *current* name, read from pg_class by oid (the SQL
