@@ -22,6 +22,19 @@ def key(db, inbox):
     return scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = %s", [inbox])
 
 
+def adopt_legacy(db, owner):
+    """public.legacy, owned by ``owner``, adopted as inbox 'legacy'."""
+    db.execute(
+        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
+        " tries int NOT NULL DEFAULT 0, got timestamptz)"
+    )
+    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
+    db.execute(
+        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
+        " p_received_at_column => 'got')"
+    )
+
+
 def test_create_makes_private_functions_and_drop_removes_them(db):
     db.execute("SELECT mailbox.create_inbox('gen')")
     k = key(db, "gen")
@@ -53,15 +66,7 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
 def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_the_table(db):
     owner = make_role(db)
     db.execute(f'GRANT CREATE ON SCHEMA public TO "{owner}"')
-    db.execute(
-        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
-        " tries int NOT NULL DEFAULT 0, got timestamptz)"
-    )
-    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
-    db.execute(
-        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
-        " p_received_at_column => 'got')"
-    )
+    adopt_legacy(db, owner)
     k = key(db, "legacy")
     got = rows(db, GENERATED, [str(k)])
     assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 8
@@ -199,15 +204,7 @@ def test_generated_code_of_a_managed_ordered_inbox_is_the_expected_one(db):
 
 def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):
     owner = make_role(db)
-    db.execute(
-        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
-        " tries int NOT NULL DEFAULT 0, got timestamptz)"
-    )
-    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
-    db.execute(
-        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
-        " p_received_at_column => 'got')"
-    )
+    adopt_legacy(db, owner)
     check_expected("inbox_generated_adopted.sql", generated_text(db, "legacy", owner))
     db.execute("SELECT mailbox.drop_inbox('legacy')")
     drop_role(db, owner)
