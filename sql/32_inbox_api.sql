@@ -100,14 +100,7 @@ BEGIN
     EXECUTE pg_catalog.format('CREATE TABLE %I.%I (%s)', p_schema, p_name, mailbox._inbox_managed_columns());
     v_rel := pg_catalog.format('%I.%I', p_schema, p_name)::regclass;
     v_columns := (SELECT pg_catalog.jsonb_object_agg(r.role, r.role) FROM mailbox._inbox_roles() AS r);
-    -- pending (claim order), dead letters and processed rows (retention, throughput)
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL',
-                              p_name || '_pending_idx', p_schema, p_name);
-    EXECUTE pg_catalog.format(
-        'CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL AND retry_count >= %s',
-        p_name || '_dlq_idx', p_schema, p_name, p_max_retries);
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (processed_at) WHERE processed_at IS NOT NULL',
-                              p_name || '_processed_idx', p_schema, p_name);
+    PERFORM mailbox._inbox_base_indexes(p_schema, p_name, p_max_retries);
     EXECUTE pg_catalog.format('COMMENT ON TABLE %I.%I IS %s', p_schema, p_name,
                               pg_catalog.quote_literal('pg_mailbox inbox ' || p_name));
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO mailbox_admin', p_schema, p_name);
