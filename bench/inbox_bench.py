@@ -211,7 +211,7 @@ def bench_receive(dsn, n, repeat):
 
     # the same on an ordered inbox (200 aggregates, each message the next sequence of its
     # aggregate), against a plain table with the same ordering index: what the ordering (and
-    # its gap bookkeeping, docs/inbox.md#gaps) adds to the receive path
+    # its gap bookkeeping, docs/inbox.md#how-gaps-are-kept) adds to the receive path
     db.execute("SELECT mailbox.drop_inbox('rcvo', true, true)")
     db.execute("SELECT mailbox.create_inbox('rcvo')")
     db.execute("SELECT mailbox.enable_inbox_ordering('rcvo')")

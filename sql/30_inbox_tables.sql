@@ -119,10 +119,10 @@ COMMENT ON TABLE mailbox._inbox_gap_alert IS 'pg_mailbox: ordering gaps already 
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_alert', '');
 
 -- Gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
--- fold, and the aggregates touched since (insert-only, one row per aggregate and statement,
--- written by the inbox table's triggers in the writer's transaction; a NULL aggregate means
--- all of them). No index on _inbox_gap_touched: it stays small between folds, and the
--- receive path pays one heap insert per statement, nothing more.
+-- fold, and the aggregates touched since (insert-only, one row per statement with the array
+-- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
+-- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- and the receive path pays one heap insert per statement, nothing more.
 CREATE TABLE mailbox._inbox_gap (
     inbox_key int NOT NULL,
     aggregate_id text NOT NULL,
@@ -136,7 +136,7 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
 
 CREATE TABLE mailbox._inbox_gap_touched (
     inbox_key int NOT NULL,
-    aggregate_id text
+    aggregate_ids text[]
 );
 COMMENT ON TABLE mailbox._inbox_gap_touched IS
 'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';

@@ -1,16 +1,17 @@
 -- Part 34 (gap state): the ordering gaps of a managed ordered inbox, kept so that
 -- inbox_ordering_gaps and inbox_health cost what changed since they last ran, not the whole
--- pending backlog (issue 11; docs/inbox.md, "Gaps").
+-- pending backlog (issue 11; docs/inbox.md, "How gaps are kept").
 --
 -- A hole can be anywhere among an aggregate's unprocessed sequences, so finding the gaps from
 -- scratch reads every unprocessed message (part 31, _inbox_gaps_sql). Instead:
 --   * statement triggers on the inbox table (AFTER INSERT / UPDATE / DELETE with transition
 --     tables, AFTER TRUNCATE) record which aggregates a statement touched in
 --     mailbox._inbox_gap_touched, in the writer's transaction: one insert-only row per
---     aggregate and statement, no lock on anything shared, so racing receivers never wait
---     for each other, and a row commits (or aborts) with the messages it stands for. Every
+--     statement (the array of its aggregates), no lock on anything shared, so racing
+--     receivers never wait for each other, and a row commits (or aborts) with the messages
+--     it stands for. Every
 --     writer is seen: inbox_receive, the batch forms, marks, replay, retention, and plain
---     INSERT / UPDATE / DELETE by hand. A row with a NULL aggregate means "every aggregate"
+--     INSERT / UPDATE / DELETE by hand. A row with NULL aggregates means "every aggregate"
 --     (TRUNCATE, enabling ordering);
 --   * mailbox._inbox_gap holds every gap of the inbox as of the last fold. A fold (when
 --     inbox_ordering_gaps, inbox_health or maintenance read the gaps) deletes the touched
@@ -60,21 +61,27 @@ BEGIN
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_id)
-        SELECT DISTINCT %4$s, n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n
-         WHERE n.%3$I IS NULL AND n.%1$I IS NOT NULL AND n.%2$I IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT n.%1$I::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
+             WHERE n.%3$I IS NULL AND n.%1$I IS NOT NULL AND n.%2$I IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_id)
-        SELECT DISTINCT %4$s, x.agg FROM (
-            SELECT o.%1$I::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.%1$I IS NOT NULL
-            UNION ALL
-            SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS x;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
+                SELECT o.%1$I::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.%1$I IS NOT NULL
+                UNION ALL
+                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x
+         WHERE x.aggs IS NOT NULL;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_id)
-        SELECT DISTINCT %4$s, o.%1$I::pg_catalog.text FROM mailbox_old_rows AS o
-         WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
+             WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
     ELSE
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_id) VALUES (%4$s, NULL);
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (%4$s, NULL);
     END IF;
     RETURN NULL;
 END$b$,
@@ -149,7 +156,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE TRIGGER mailbox_gap_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
         v_table, v_fn);
-    INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_id) VALUES (p_inbox.inbox_key, NULL);
+    INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (p_inbox.inbox_key, NULL);
 END
 $$;
 
@@ -172,14 +179,16 @@ BEGIN
     -- one fold of an inbox at a time: (7168635, inbox_key), see part 05
     v_persist := v_persist AND pg_catalog.pg_try_advisory_xact_lock(7168635, v_key);
     IF v_persist THEN
-        WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key RETURNING t.aggregate_id)
-        SELECT coalesce(pg_catalog.bool_or(gone.aggregate_id IS NULL), FALSE),
-               pg_catalog.array_agg(DISTINCT gone.aggregate_id) FILTER (WHERE gone.aggregate_id IS NOT NULL)
+        WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key
+                      RETURNING t.aggregate_ids)
+        SELECT coalesce(pg_catalog.bool_or(gone.aggregate_ids IS NULL), FALSE),
+               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM gone AS g2, pg_catalog.unnest(g2.aggregate_ids) AS a (agg))
           INTO v_all, v_aggs FROM gone;
     ELSE
-        SELECT coalesce(pg_catalog.bool_or(t.aggregate_id IS NULL), FALSE),
-               pg_catalog.array_agg(DISTINCT t.aggregate_id) FILTER (WHERE t.aggregate_id IS NOT NULL)
-          INTO v_all, v_aggs FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key;
+        WITH seen AS (SELECT t.aggregate_ids FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key)
+        SELECT coalesce(pg_catalog.bool_or(seen.aggregate_ids IS NULL), FALSE),
+               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM seen AS s2, pg_catalog.unnest(s2.aggregate_ids) AS a (agg))
+          INTO v_all, v_aggs FROM seen;
     END IF;
     IF v_all OR v_aggs IS NOT NULL THEN
         -- read in a later statement than the touched rows: it sees every message they stand for

@@ -1,4 +1,4 @@
-"""Kept gap state of managed ordered inboxes (issue 11, docs/inbox.md#gaps).
+"""Kept gap state of managed ordered inboxes (issue 11, docs/inbox.md#how-gaps-are-kept).
 
 inbox_ordering_gaps and inbox_health read the gaps kept in mailbox._inbox_gap, folded from the
 aggregates the inbox table's triggers recorded as touched. Every test compares the answer with
