@@ -97,16 +97,21 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_fn text := pg_catalog.format('mailbox.%I()', '_inbox_' || p_inbox.inbox_key || '_touch');
-    v_kind text;
+    v_trigger name;
+    v_fn regprocedure := pg_catalog.to_regprocedure(
+        pg_catalog.format('mailbox.%I()', '_inbox_' || p_inbox.inbox_key || '_touch'));
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel) THEN
-        FOREACH v_kind IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
-            EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS %I ON %s', 'mailbox_gap_' || v_kind,
-                                      p_inbox.table_rel::regclass);
-        END LOOP;
+    FOR v_trigger IN
+        SELECT t.tgname FROM pg_catalog.pg_trigger AS t
+         WHERE t.tgrelid = p_inbox.table_rel
+           AND t.tgname = ANY (ARRAY['mailbox_gap_insert', 'mailbox_gap_update', 'mailbox_gap_delete',
+                                     'mailbox_gap_truncate'])
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger, p_inbox.table_rel::regclass);
+    END LOOP;
+    IF v_fn IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
     END IF;
-    EXECUTE pg_catalog.format('DROP FUNCTION IF EXISTS %s', v_fn);
     DELETE FROM mailbox._inbox_gap WHERE inbox_key = p_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_touched WHERE inbox_key = p_inbox.inbox_key;
 END
