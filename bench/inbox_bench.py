@@ -683,23 +683,29 @@ def main():
     finally:
         with connect(args.dsn) as db:
             db.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    print(f"\nthroughput ({args.messages:,} messages; msgs/s, higher is better; medians of")
-    print(f"{args.rounds} interleaved rounds, ratio = median of the per-round ratios)")
-    print("baseline: INSERT ... ON CONFLICT DO NOTHING one row per statement, or 1000 rows per")
-    print("INSERT ... SELECT FROM unnest; SELECT ... FOR UPDATE SKIP LOCKED LIMIT <batch> + one")
-    print("UPDATE per batch (batch mark) or one UPDATE per message (mark per msg)")
-    print(f"{'case':<40} {'pg_mailbox':>10} {'baseline':>10} {'ratio':>6}")
-    for case, ours, base, ratio in throughput:
-        print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
-    print(f"\nlatency at scale (median of {args.repeat}; ms, lower is better; baseline: for")
-    print("next_<i> the competitors' 'lowest pending sequence per aggregate' view, which is")
-    print("incorrect; for inbox_ordering_gaps the gaps_<i> view, which scans every message)")
-    if backlog_rate is not None:
-        print(f"backlog received with inbox_receive_batch 1000/call: {backlog_rate:,.0f} msgs/s")
-    print(f"{'case':<90} {'pg_mailbox':>10} {'baseline':>10}")
-    for case, ours, base in latency:
-        base_text = "-" if base is None else f"{base:,.1f}"
-        print(f"{case:<90} {ours:>10,.1f} {base_text:>10}")
+    if throughput:
+        print(f"\nthroughput ({args.messages:,} messages; msgs/s, higher is better; medians of")
+        print(f"{args.rounds} interleaved rounds, ratio = median of the per-round ratios)")
+        print("baseline: INSERT ... ON CONFLICT DO NOTHING one row per statement, or 1000 rows per")
+        print(
+            "INSERT ... SELECT FROM unnest; SELECT ... FOR UPDATE SKIP LOCKED LIMIT <batch> + one"
+        )
+        print("UPDATE per batch (batch mark) or one UPDATE per message (mark per msg)")
+        print(f"{'case':<40} {'pg_mailbox':>10} {'baseline':>10} {'ratio':>6}")
+        for case, ours, base, ratio in throughput:
+            print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
+    if latency:
+        print(f"\nlatency at scale (median of {args.repeat}; ms, lower is better; baseline: for")
+        print("next_<i> the competitors' 'lowest pending sequence per aggregate' view, which is")
+        print("incorrect; for inbox_ordering_gaps the gaps_<i> view, which scans every message)")
+        if backlog_rate is not None:
+            print(
+                f"backlog received with inbox_receive_batch 1000/call: {backlog_rate:,.0f} msgs/s"
+            )
+        print(f"{'case':<90} {'pg_mailbox':>10} {'baseline':>10}")
+        for case, ours, base in latency:
+            base_text = "-" if base is None else f"{base:,.1f}"
+            print(f"{case:<90} {ours:>10,.1f} {base_text:>10}")
     verdicts = [(case, ms) for case, ms, _ in latency if "1000 new msgs before each" in case]
     if verdicts:
         print(

@@ -9,10 +9,9 @@
 --     mailbox._inbox_gap_touched, in the writer's transaction: one insert-only row per
 --     statement (the array of its aggregates), no lock on anything shared, so racing
 --     receivers never wait for each other, and a row commits (or aborts) with the messages
---     it stands for. Every
---     writer is seen: inbox_receive, the batch forms, marks, replay, retention, and plain
---     INSERT / UPDATE / DELETE by hand. A row with NULL aggregates means "every aggregate"
---     (TRUNCATE, enabling ordering);
+--     it stands for. Every writer is seen: inbox_receive, the batch forms, marks, replay,
+--     retention, and plain INSERT / UPDATE / DELETE by hand. A row with NULL aggregates
+--     means "every aggregate" (TRUNCATE, enabling ordering);
 --   * mailbox._inbox_gap holds every gap of the inbox as of the last fold. A fold (when
 --     inbox_ordering_gaps, inbox_health or maintenance read the gaps) deletes the touched
 --     rows it sees, recomputes the gaps of exactly those aggregates from the table (the SQL
