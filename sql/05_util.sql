@@ -94,6 +94,7 @@ $$;
 --   (7168632, 2)     _try_maintenance_lock()  one maintenance pass at a time
 --   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
 --   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
+--   (7168635, key)   part 34 (_inbox_gap_fold) one gap fold of an inbox at a time (try only)
 
 -- Serialises pg_mailbox DDL (create/enable/drop) in this database, so two concurrent calls
 -- for the same name or table give one success and one clean 42710 instead of a unique

@@ -118,6 +118,30 @@ CREATE TABLE mailbox._inbox_gap_alert (
 COMMENT ON TABLE mailbox._inbox_gap_alert IS 'pg_mailbox: ordering gaps already announced';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_alert', '');
 
+-- Gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
+-- fold, and the aggregates touched since (insert-only, one row per statement with the array
+-- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
+-- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- and the receive path pays one heap insert per statement, nothing more.
+CREATE TABLE mailbox._inbox_gap (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    expected_seq bigint NOT NULL,
+    found_seq bigint NOT NULL,
+    found_received_at timestamptz,
+    PRIMARY KEY (inbox_key, aggregate_id, expected_seq)
+);
+COMMENT ON TABLE mailbox._inbox_gap IS 'pg_mailbox: ordering gaps of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
+
+CREATE TABLE mailbox._inbox_gap_touched (
+    inbox_key int NOT NULL,
+    aggregate_ids text[]
+);
+COMMENT ON TABLE mailbox._inbox_gap_touched IS
+'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_touched', '');
+
 -- An inbox's catalog row by name, or 42704 (22004 for NULL). Every inbox function starts here.
 CREATE FUNCTION mailbox._inbox_get(p_inbox text)
 RETURNS mailbox._inbox

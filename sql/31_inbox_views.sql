@@ -164,15 +164,18 @@ $$;
 -- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
 -- processed sequence, among its unprocessed messages (dead letters are not holes). p_table
 -- is the table's name when it differs from the stored one (the control plane after a rename).
-CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL)
+-- p_touched NULL gives the view's columns; otherwise the columns part 34 (gap state) stores,
+-- (aggregate_id, expected_seq, found_seq, found_received_at), for every aggregate (FALSE) or
+-- only for the aggregates of the text array $3 (TRUE).
+CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL,
+                                        p_touched boolean DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-BEGIN
-    RETURN pg_catalog.format($q$
+    v_aggs text := $a$
 WITH RECURSIVE aggs AS (
     (SELECT t.%1$s AS agg FROM %3$s AS t
       WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL
@@ -182,9 +185,25 @@ WITH RECURSIVE aggs AS (
         SELECT t.%1$s AS agg FROM %3$s AS t
          WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL AND t.%1$s > a.agg
          ORDER BY t.%1$s LIMIT 1) AS n
-)
-SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
-       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
+)$a$;
+    v_cols text := $o$a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
+       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec$o$;
+BEGIN
+    IF p_touched THEN
+        -- the touched aggregates, as the column's type (so the ordering index is used)
+        SELECT pg_catalog.format('WITH aggs AS (SELECT DISTINCT CAST(d.agg AS %s) AS agg'
+                                 ' FROM pg_catalog.unnest($3) AS d (agg))',
+                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
+          INTO v_aggs
+          FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
+    END IF;
+    IF p_touched IS NOT NULL THEN
+        v_cols := 'a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,'
+                  ' x.recv AS found_received_at';
+    END IF;
+    RETURN pg_catalog.format(v_aggs || $q$
+SELECT %8$s
   FROM aggs AS a
  CROSS JOIN mailbox.%6$I AS cfg
  CROSS JOIN LATERAL (SELECT coalesce((SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = a.agg::text),
@@ -198,7 +217,7 @@ SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_s
         pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
         coalesce(p_table, pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
         pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
-        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate');
+        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate', v_cols);
 END
 $$;
 

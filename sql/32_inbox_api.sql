@@ -200,6 +200,7 @@ BEGIN
         PERFORM mailbox._inbox_get(p_name); -- raises 42704 with its hint
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
+    PERFORM mailbox._inbox_gap_untrack(v_inbox);
     PERFORM mailbox._inbox_drop_functions(v_inbox);
     PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;

@@ -27,6 +27,7 @@ BEGIN
     PERFORM mailbox._inbox_create_views(p_new);
     PERFORM mailbox._inbox_sync_indexes(p_new);
     PERFORM mailbox._inbox_generate(p_new);
+    PERFORM mailbox._inbox_gap_sync(p_new);
 END
 $$;
 
@@ -161,14 +162,18 @@ COMMENT ON FUNCTION mailbox.disable_inbox_ordering(text, boolean) IS
 'stop ordering an inbox: drops next_<inbox> and gaps_<inbox> (each aggregate''s position is kept)';
 
 -- Every gap of an ordered inbox as a jsonb array of {aggregate_id, expected_seq, found_seq,
--- gap_age_sec}, read with the table owner's rights (the SQL of gaps_<i>, not that view: a
--- view in the table's schema may be replaced by that schema's owner).
+-- gap_age_sec}: a managed inbox's kept gaps (part 34, gap state), or read with the table
+-- owner's rights (the SQL of gaps_<i>, not that view: a view in the table's schema may be
+-- replaced by that schema's owner).
 CREATE FUNCTION mailbox._inbox_gap_list(p_inbox mailbox._inbox)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
+    IF mailbox._inbox_gap_tracked(p_inbox) THEN
+        RETURN mailbox._inbox_gap_fold(p_inbox);
+    END IF;
     RETURN mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
         'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''aggregate_id'', g.aggregate_id,'
         ' ''expected_seq'', g.expected_seq, ''found_seq'', g.found_seq, ''gap_age_sec'', g.gap_age_sec)), ''[]'')'

@@ -27,13 +27,27 @@ BEGIN
     IF v_table IS NULL THEN
         RETURN NULL;
     END IF;
-    v_from := pg_catalog.format(
-        ' FROM (SELECT pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries) AS pending,'
-        ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s >= ($1).max_retries) AS dead,'
-        ' pg_catalog.count(*) FILTER (WHERE %2$s IS NOT NULL) AS processed,'
-        ' pg_catalog.date_part(''epoch'', pg_catalog.now() - pg_catalog.min(%4$s::pg_catalog.timestamptz)'
-        ' FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries)) AS oldest_age FROM %1$s AS t) AS u',
-        v_table, v_proc, v_retry, v_recv);
+    IF p_inbox.is_managed THEN
+        -- a managed table's retry_count is NOT NULL, so pending = unprocessed - dead; each count
+        -- is its own index-only scan (pending, dead-letter and processed partial indexes; the
+        -- dead-letter one was made with max_retries written in, hence the literal)
+        v_from := pg_catalog.format(
+            ' FROM (SELECT c.unprocessed - c.dead AS pending, c.dead, c.processed, c.oldest_age FROM (SELECT'
+            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL) AS unprocessed,'
+            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= %5$s) AS dead,'
+            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NOT NULL) AS processed,'
+            ' (SELECT pg_catalog.date_part(''epoch'', pg_catalog.now() - %4$s::pg_catalog.timestamptz) FROM %1$s AS t'
+            ' WHERE %2$s IS NULL AND %3$s < %5$s AND %4$s IS NOT NULL ORDER BY %4$s LIMIT 1) AS oldest_age) AS c) AS u',
+            v_table, v_proc, v_retry, v_recv, p_inbox.max_retries);
+    ELSE
+        v_from := pg_catalog.format(
+            ' FROM (SELECT pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries) AS pending,'
+            ' pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s >= ($1).max_retries) AS dead,'
+            ' pg_catalog.count(*) FILTER (WHERE %2$s IS NOT NULL) AS processed,'
+            ' pg_catalog.date_part(''epoch'', pg_catalog.now() - pg_catalog.min(%4$s::pg_catalog.timestamptz)'
+            ' FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries)) AS oldest_age FROM %1$s AS t) AS u',
+            v_table, v_proc, v_retry, v_recv);
+    END IF;
     IF p_detail THEN
         v_sql := v_sql || pg_catalog.format(
             ' || (SELECT pg_catalog.jsonb_build_object(''avg_sec'', pg_catalog.avg(pg_catalog.date_part(''epoch'','
@@ -52,12 +66,17 @@ BEGIN
             -- a dead letter at or before an aggregate's next position blocks that aggregate
             v_sql := v_sql || pg_catalog.format(
                 ' || pg_catalog.jsonb_build_object(''blocked'', (SELECT pg_catalog.count(DISTINCT %4$s)'
-                ' FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= ($1).max_retries AND %4$s IS NOT NULL'
+                ' FROM %1$s AS t WHERE %2$s IS NULL AND %3$s AND %4$s IS NOT NULL'
                 ' AND %5$s <= coalesce((SELECT s.last_seq FROM mailbox.%6$I AS s'
-                ' WHERE s.aggregate_id = %4$s::pg_catalog.text), ($1).ordering_first_sequence - 1) + 1),'
-                ' ''gaps'', (SELECT pg_catalog.count(*) FROM (%7$s) AS g))',
-                v_table, v_proc, v_retry, mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
-                '_inbox_' || p_inbox.inbox_key || '_aggregate', mailbox._inbox_gaps_sql(p_inbox, v_table));
+                ' WHERE s.aggregate_id = %4$s::pg_catalog.text), ($1).ordering_first_sequence - 1) + 1))',
+                v_table, v_proc,
+                CASE WHEN p_inbox.is_managed THEN pg_catalog.format('%s >= %s', v_retry, p_inbox.max_retries)
+                     ELSE pg_catalog.format('%s >= ($1).max_retries', v_retry) END,
+                mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
+                '_inbox_' || p_inbox.inbox_key || '_aggregate');
+            -- the gaps themselves: kept by a managed inbox (part 34, gap state), else scanned
+            RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from)
+                   || pg_catalog.jsonb_build_object('gaps', pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox)));
         END IF;
     END IF;
     RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from);

@@ -124,6 +124,23 @@ def wait_for(pred, timeout: float = 60, interval: float = 0.1, what: str = "cond
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def track_receives(db) -> None:
+    """Count function calls of the sessions the relay and ingest processes open from now on."""
+    dbname = db.execute("SELECT current_database()").fetchone()[0]
+    db.execute(f"ALTER DATABASE \"{dbname}\" SET track_functions = 'all'")
+
+
+def receive_calls(db) -> dict[str, int]:
+    """How often each inbox receive function ran in the tracked sessions (their statistics
+    are flushed when those processes exit)."""
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    got = db.execute(
+        "SELECT funcname, calls FROM pg_stat_user_functions"
+        " WHERE schemaname = 'mailbox' AND funcname IN ('inbox_receive', 'inbox_receive_batch')"
+    ).fetchall()
+    return {"inbox_receive": 0, "inbox_receive_batch": 0, **dict(got)}
+
+
 def setup_outbox(db, outbox: str = "e", group: str = "g") -> None:
     db.execute("SELECT mailbox.create_outbox(%s)", [outbox])
     db.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [group, outbox])

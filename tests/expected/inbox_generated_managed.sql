@@ -229,6 +229,43 @@ BEGIN
     RETURN v_result;
 END$function$
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_touch()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function touch of inbox % must run as %', 'gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT 1, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT n.aggregate_id::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
+             WHERE n.processed_at IS NULL AND n.aggregate_id IS NOT NULL AND n.sequence_num IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT 1, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
+                SELECT o.aggregate_id::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.aggregate_id IS NOT NULL
+                UNION ALL
+                SELECT n.aggregate_id::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.aggregate_id IS NOT NULL) AS y) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT 1, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.aggregate_id::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
+             WHERE o.processed_at IS NULL AND o.aggregate_id IS NOT NULL AND o.sequence_num IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSE
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (1, NULL);
+    END IF;
+    RETURN NULL;
+END$function$
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_unsettled(mailbox._inbox, text[])
  RETURNS text[]
  LANGUAGE plpgsql

@@ -10,8 +10,10 @@ from relayhelp import (
     arun,
     cli,
     publish,
+    receive_calls,
     relay_once,
     setup_outbox,
+    track_receives,
     uid,
 )
 
@@ -62,6 +64,7 @@ def test_redis_stream_into_the_inbox_twice_is_once(db, dsn):
 def test_amqp_queue_into_the_inbox(db, dsn):
     setup_outbox(db)
     db.execute("SELECT mailbox.create_inbox('ib')")
+    track_receives(db)
     queue = uid("ingq")
     arun(amqp_declare(queue))
     ids = publish(db, "e", 6, key="k1")
@@ -74,3 +77,6 @@ def test_amqp_queue_into_the_inbox(db, dsn):
     ingest_once(dsn, f"{AMQP}?queue={queue}")
     assert len(inbox(db)) == 6
     assert arun(amqp_drain(queue)) == []  # and the queue is removed
+    # one inbox_receive_batch per broker batch, never a call per message (issue 11)
+    calls = receive_calls(db)
+    assert calls["inbox_receive_batch"] >= 1 and calls["inbox_receive"] == 0, calls

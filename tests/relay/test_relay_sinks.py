@@ -18,8 +18,10 @@ from relayhelp import (
     nats_stream_ids,
     pg_url,
     publish,
+    receive_calls,
     relay_once,
     setup_outbox,
+    track_receives,
     uid,
 )
 
@@ -137,6 +139,7 @@ def test_http_post_with_idempotency_key(db, dsn):
 def test_postgresql_inbox_sink_dedups_a_replay(db, dsn):
     setup_outbox(db)
     db.execute("SELECT mailbox.create_inbox('ib')")
+    track_receives(db)
     ids = publish(db, "e", 5, key="k")
     sink = pg_url(dsn, inbox="ib")
     relay_once(dsn, sink)
@@ -147,3 +150,6 @@ def test_postgresql_inbox_sink_dedups_a_replay(db, dsn):
     ).fetchall()
     assert sorted(r[0] for r in got) == sorted(ids)
     assert {(r[1], r[2]) for r in got} == {("thing.created", "k")}
+    # one inbox_receive_batch per relay batch, never a call per message (issue 11)
+    calls = receive_calls(db)
+    assert calls["inbox_receive_batch"] >= 2 and calls["inbox_receive"] == 0, calls

@@ -278,6 +278,14 @@ def exercise(db: psycopg.Connection) -> dict[str, object]:
     db.execute("SET ROLE mailbox_consumer")
     out["payments_3"] = db.execute(claim, ["payments", "w4"]).fetchall()
     db.execute("RESET ROLE")
+    # the kept ordering gaps (state dumped, triggers restored with the table) stay exact
+    db.execute(
+        "INSERT INTO mailbox.payments (event_id, payload, aggregate_id, sequence_num)"
+        " VALUES ('p8', '{}', 'F', 3)"
+    )
+    out["payments_gaps"] = db.execute(
+        "SELECT aggregate_id, expected_seq, found_seq FROM mailbox.inbox_ordering_gaps('payments')"
+    ).fetchall()
     out["processed"] = db.execute(
         "SELECT event_id FROM mailbox.payments WHERE processed_at IS NOT NULL"
         " UNION ALL SELECT msg_id::text FROM legacy.incoming WHERE handled_at IS NOT NULL"
@@ -310,6 +318,7 @@ def check_exercise(out: dict[str, object]) -> None:
     assert out["legacy_1"] == [(str(uuid.UUID(int=2)),)]
     assert out["legacy_2"] == [(str(uuid.UUID(int=5)),)]
     assert out["payments_3"] == [("p7",)]
+    assert out["payments_gaps"] == [("F", 1, 3)]
 
 
 @pytest.fixture

@@ -1,0 +1,231 @@
+-- Part 34 (gap state): the ordering gaps of a managed ordered inbox, kept so that
+-- inbox_ordering_gaps and inbox_health cost what changed since they last ran, not the whole
+-- pending backlog (issue 11; docs/inbox.md, "How gaps are kept").
+--
+-- A hole can be anywhere among an aggregate's unprocessed sequences, so finding the gaps from
+-- scratch reads every unprocessed message (part 31, _inbox_gaps_sql). Instead:
+--   * statement triggers on the inbox table (AFTER INSERT / UPDATE / DELETE with transition
+--     tables, AFTER TRUNCATE) record which aggregates a statement touched in
+--     mailbox._inbox_gap_touched, in the writer's transaction: one insert-only row per
+--     statement (the array of its aggregates), no lock on anything shared, so racing
+--     receivers never wait for each other, and a row commits (or aborts) with the messages
+--     it stands for. Every writer is seen: inbox_receive, the batch forms, marks, replay,
+--     retention, and plain INSERT / UPDATE / DELETE by hand. A row with NULL aggregates
+--     means "every aggregate" (TRUNCATE, enabling ordering);
+--   * mailbox._inbox_gap holds every gap of the inbox as of the last fold. A fold (when
+--     inbox_ordering_gaps, inbox_health or maintenance read the gaps) deletes the touched
+--     rows it sees, recomputes the gaps of exactly those aggregates from the table (the SQL
+--     of gaps_<i> restricted to them, run as the table owner) and replaces their rows.
+-- Correct under concurrency because the touched rows are read (and deleted) by one statement
+-- and the aggregates recomputed by a later one: whatever the first saw committed, the second
+-- sees too, and a writer that commits after the first leaves its row for the next fold.
+-- Folds of one inbox take a transaction advisory lock (try, never wait), so no fold can
+-- overwrite a newer one with an older snapshot; a caller that cannot fold (lock busy,
+-- REPEATABLE READ or SERIALIZABLE, a read-only transaction or a standby) computes the same
+-- answer without writing: the stored gaps of untouched aggregates plus the touched ones
+-- recomputed. Aggregate positions (last_seq) move only when a message is marked processed,
+-- which updates its row (touched), or when ordering is enabled (everything touched).
+--
+-- Only managed inboxes (create_inbox) get the triggers: pg_mailbox adds nothing to a table it
+-- adopted (enable_inbox_tracking), so an adopted ordered inbox still finds its gaps by the
+-- scan. The trigger function is generated per inbox with the inbox's columns written in
+-- (static SQL, so PL/pgSQL caches its plans), owned by the table's owner (the extension owner
+-- for a managed inbox), not an extension member (pg_dump dumps it with the table's triggers)
+-- but dropped with the extension (DEPENDS ON EXTENSION), triggers and all.
+
+-- Whether the inbox keeps its gaps (above) rather than scanning for them.
+CREATE FUNCTION mailbox._inbox_gap_tracked(p_inbox mailbox._inbox)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NOT NULL;
+$$;
+
+-- The body of an inbox's trigger function: the aggregates of unprocessed messages a statement
+-- added or removed, and every aggregate an UPDATE touched (a mark moves its position, a
+-- replay brings a message back). Identifiers come from the catalog through format('%I').
+CREATE FUNCTION mailbox._inbox_gap_touch_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+BEGIN
+    RETURN pg_catalog.format($b$
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) %5$L::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function touch of inbox %% must run as %%', %6$L, %5$L::pg_catalog.name
+            USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT n.%1$I::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
+             WHERE n.%3$I IS NULL AND n.%1$I IS NOT NULL AND n.%2$I IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
+                SELECT o.%1$I::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.%1$I IS NOT NULL
+                UNION ALL
+                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
+        SELECT %4$s, x.aggs FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
+             WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS x
+         WHERE x.aggs IS NOT NULL;
+    ELSE
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (%4$s, NULL);
+    END IF;
+    RETURN NULL;
+END$b$,
+        c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_inbox.inbox_key,
+        mailbox._inbox_owner(p_inbox), p_inbox.inbox_name);
+END
+$$;
+
+-- Removes an inbox's gap triggers (when its table still exists), trigger function and gap rows.
+CREATE FUNCTION mailbox._inbox_gap_untrack(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_trigger name;
+    v_fn regprocedure := pg_catalog.to_regprocedure(
+        pg_catalog.format('mailbox.%I()', '_inbox_' || p_inbox.inbox_key || '_touch'));
+BEGIN
+    FOR v_trigger IN
+        SELECT t.tgname FROM pg_catalog.pg_trigger AS t
+         WHERE t.tgrelid = p_inbox.table_rel
+           AND t.tgname = ANY (ARRAY['mailbox_gap_insert', 'mailbox_gap_update', 'mailbox_gap_delete',
+                                     'mailbox_gap_truncate'])
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger, p_inbox.table_rel::regclass);
+    END LOOP;
+    IF v_fn IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
+    END IF;
+    DELETE FROM mailbox._inbox_gap WHERE inbox_key = p_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_gap_touched WHERE inbox_key = p_inbox.inbox_key;
+END
+$$;
+
+-- After a settings change (part 34, _inbox_reconfigure): a managed ordered inbox gets its
+-- trigger function and triggers (again), and its gaps are recomputed at the next read (every
+-- aggregate touched: the columns or positions may have changed); any other inbox has none.
+CREATE FUNCTION mailbox._inbox_gap_sync(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_fn text := pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_touch');
+    v_table regclass := p_inbox.table_rel;
+BEGIN
+    PERFORM mailbox._inbox_gap_untrack(p_inbox);
+    IF NOT mailbox._inbox_gap_tracked(p_inbox) THEN
+        RETURN;
+    END IF;
+    -- SECURITY DEFINER: it records touched aggregates for any writer of the table (a producer
+    -- has no rights on mailbox's tables); it runs as the table's owner, like every generated
+    -- function of the inbox, and writes only this inbox's own key
+    EXECUTE pg_catalog.format(
+        'CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql VOLATILE SECURITY DEFINER'
+        ' SET search_path = pg_catalog, mailbox, pg_temp AS %s',
+        v_fn, pg_catalog.quote_literal(mailbox._inbox_gap_touch_sql(p_inbox)));
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s() OWNER TO %I', v_fn, mailbox._inbox_owner(p_inbox));
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
+    -- not an extension member (pg_dump must dump it with the table's triggers), but dropped
+    -- with the extension, triggers and all
+    EXECUTE pg_catalog.format('ALTER FUNCTION %s() DEPENDS ON EXTENSION pg_mailbox', v_fn);
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s() IS %s', v_fn, pg_catalog.quote_literal(
+        'pg_mailbox: records the aggregates whose ordering gaps a statement may change, inbox '
+        || p_inbox.inbox_name));
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_gap_insert AFTER INSERT ON %s REFERENCING NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_gap_update AFTER UPDATE ON %s'
+        ' REFERENCING OLD TABLE AS mailbox_old_rows NEW TABLE AS mailbox_new_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_gap_delete AFTER DELETE ON %s REFERENCING OLD TABLE AS mailbox_old_rows'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION %s()', v_table, v_fn);
+    EXECUTE pg_catalog.format(
+        'CREATE TRIGGER mailbox_gap_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+        v_table, v_fn);
+    INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (p_inbox.inbox_key, NULL);
+END
+$$;
+
+-- Every gap of a tracked inbox as the jsonb array of _inbox_gap_list (part 34), ordered by
+-- aggregate and expected sequence: folds what was touched since the last fold (see above)
+-- when it can, else computes the same answer without writing.
+CREATE FUNCTION mailbox._inbox_gap_fold(p_inbox mailbox._inbox)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int := p_inbox.inbox_key;
+    v_persist boolean := pg_catalog.current_setting('transaction_isolation') = 'read committed'
+                         AND pg_catalog.current_setting('transaction_read_only') = 'off';
+    v_all boolean;
+    v_aggs text[];
+    v_fresh jsonb := '[]';
+BEGIN
+    -- one fold of an inbox at a time: (7168635, inbox_key), see part 05
+    v_persist := v_persist AND pg_catalog.pg_try_advisory_xact_lock(7168635, v_key);
+    IF v_persist THEN
+        WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key
+                      RETURNING t.aggregate_ids)
+        SELECT coalesce(pg_catalog.bool_or(gone.aggregate_ids IS NULL), FALSE),
+               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM gone AS g2, pg_catalog.unnest(g2.aggregate_ids) AS a (agg))
+          INTO v_all, v_aggs FROM gone;
+    ELSE
+        WITH seen AS (SELECT t.aggregate_ids FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key)
+        SELECT coalesce(pg_catalog.bool_or(seen.aggregate_ids IS NULL), FALSE),
+               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM seen AS s2, pg_catalog.unnest(s2.aggregate_ids) AS a (agg))
+          INTO v_all, v_aggs FROM seen;
+    END IF;
+    IF v_all OR v_aggs IS NOT NULL THEN
+        -- read in a later statement than the touched rows: it sees every message they stand for
+        v_fresh := mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+            'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''a'', g.aggregate_id,'
+            ' ''e'', g.expected_seq, ''f'', g.found_seq, ''r'', g.found_received_at)), ''[]'') FROM (%s) AS g',
+            mailbox._inbox_gaps_sql(p_inbox, mailbox._inbox_current_table(p_inbox), NOT v_all)),
+            NULL, v_aggs);
+    END IF;
+    IF v_persist THEN
+        IF v_all THEN
+            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key;
+        ELSIF v_aggs IS NOT NULL THEN
+            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key AND g.aggregate_id = ANY (v_aggs);
+        END IF;
+        INSERT INTO mailbox._inbox_gap (inbox_key, aggregate_id, expected_seq, found_seq, found_received_at)
+        SELECT v_key, f.a, f.e, f.f, f.r
+          FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz);
+        -- the stored gaps are now current for every aggregate
+        v_all := FALSE;
+        v_aggs := NULL;
+        v_fresh := '[]';
+    END IF;
+    RETURN (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                        'aggregate_id', g.a, 'expected_seq', g.e, 'found_seq', g.f,
+                        'gap_age_sec', pg_catalog.date_part('epoch', pg_catalog.now() - g.r))
+                        ORDER BY g.a, g.e), '[]')
+              FROM (SELECT s.aggregate_id AS a, s.expected_seq AS e, s.found_seq AS f, s.found_received_at AS r
+                      FROM mailbox._inbox_gap AS s
+                     WHERE s.inbox_key = v_key AND NOT v_all
+                       AND (v_aggs IS NULL OR s.aggregate_id <> ALL (v_aggs))
+                    UNION ALL
+                    SELECT f.a, f.e, f.f, f.r
+                      FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz)) AS g);
+END
+$$;
