@@ -1,6 +1,6 @@
 # pg_mailbox: PGXS build of a SQL + PL/Python extension.
 #
-#   make                  build pg_mailbox--$(EXTVERSION).sql from sql/*.sql
+#   make                  build pg_mailbox--$(EXTVERSION).sql from sql/ (schema, functions, privileges)
 #   make install          install it, migrations/ and the server-side Python package
 #   make installcheck     pg_regress smoke test against a running server (PGHOST/PGPORT/PGUSER)
 #   make test             bootstrap + build + install + lint + the whole pytest suite
@@ -18,7 +18,15 @@ EXTVERSION := $(shell sed -n "s/^[[:space:]]*default_version[[:space:]]*=[[:spac
 # /usr/bin/pg_config wrapper would pick the newest one.
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
 
-SQL_PARTS := $(sort $(wildcard sql/*.sql))
+# sql/schema/*.sql: tables, types, sequences, indexes, config_dump, roles: run once, by the
+# install script of a version; an upgrade changes them with a hand-written delta.
+# sql/functions/*.sql: functions, procedures, views, triggers: re-created by every upgrade.
+# sql/*.sql: privileges, applied after both (fresh install and upgrade alike).
+# A fresh install runs them in that order, each group in lexical order (docs/development.md).
+SCHEMA_PARTS := $(sort $(wildcard sql/schema/*.sql))
+FUNCTION_PARTS := $(sort $(wildcard sql/functions/*.sql))
+PRIVILEGE_PARTS := $(sort $(wildcard sql/*.sql))
+SQL_PARTS := $(SCHEMA_PARTS) $(FUNCTION_PARTS) $(PRIVILEGE_PARTS)
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 # Frozen upgrade scripts (and any frozen old full scripts) install flat into extension/.
 DATA = $(sort $(wildcard migrations/$(EXTENSION)--*.sql))
@@ -33,10 +41,10 @@ include $(PGXS)
 
 .DEFAULT_GOAL := all
 
-# `sql` (the directory) is a prerequisite so that adding or removing a part rebuilds.
+# The sql directories are prerequisites so that adding or removing a part rebuilds.
 # @EXTVERSION@ in a part becomes the control file's version (e.g. the PL/Python path).
-$(EXTENSION)--$(EXTVERSION).sql: $(SQL_PARTS) $(wildcard sql) $(EXTENSION).control
-	@test -n "$(SQL_PARTS)" || { echo "error: no sql/*.sql parts to build $@ from" >&2; exit 1; }
+$(EXTENSION)--$(EXTVERSION).sql: $(SQL_PARTS) $(wildcard sql sql/schema sql/functions) $(EXTENSION).control
+	@test -n "$(SCHEMA_PARTS)" -a -n "$(FUNCTION_PARTS)" || { echo "error: no sql/schema or sql/functions parts to build $@ from" >&2; exit 1; }
 	@{ printf '%s\n' '-- Built from sql/*.sql by the Makefile; edit those files, not this one.' \
 	     '\echo Use "CREATE EXTENSION $(EXTENSION)" to load this file. \quit'; \
 	   for f in $(SQL_PARTS); do printf '\n-- %s\n' "$$f"; cat "$$f"; done; } \

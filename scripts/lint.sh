@@ -12,7 +12,7 @@ run .venv/bin/ruff format --check .
 # when released; lint the parts and the upgrade scripts. nullglob: git keeps no empty
 # directories, so migrations/ may hold nothing or not exist.
 shopt -s nullglob
-sql_files=(sql/*.sql migrations/pg_mailbox--*--*.sql)
+sql_files=(sql/*.sql sql/schema/*.sql sql/functions/*.sql migrations/pg_mailbox--*--*.sql)
 if [ ${#sql_files[@]} -gt 0 ]; then
     run .venv/bin/sqlfluff lint --disable-progress-bar --nocolor "${sql_files[@]}"
 fi
