@@ -12,7 +12,11 @@ only the head of each top-level statement is rewritten so it can run over the ol
     CREATE FUNCTION / PROCEDURE / VIEW / TRIGGER -> CREATE OR REPLACE ...
     CREATE CONSTRAINT TRIGGER t ... ON rel       -> DROP TRIGGER IF EXISTS t ON rel; CREATE ...
 
-COMMENT, GRANT and REVOKE re-run as they are. Any other statement in sql/functions/ cannot
+COMMENT, GRANT and REVOKE re-run as they are, except in the privileges, where
+REVOKE ALL ON ALL FUNCTIONS / TABLES / SEQUENCES IN SCHEMA mailbox FROM PUBLIC becomes the
+same REVOKE on each extension member only: the schema also holds objects made at run time
+(generated functions, per-inbox views, partitions) whose privileges are not the upgrade's
+to rewrite. Any other statement in sql/functions/ cannot
 run twice (a table, a type, a config_dump), so it is an error: move it to sql/schema/ and
 put what the old version lacks into the delta. @EXTVERSION@ becomes B.
 """
@@ -30,6 +34,16 @@ REPLACEABLE = re.compile(r"CREATE\s+(FUNCTION|PROCEDURE|VIEW|TRIGGER)\b", re.IGN
 CONSTRAINT_TRIGGER = re.compile(
     r"CREATE\s+CONSTRAINT\s+TRIGGER\s+(\S+)\s.*?\bON\s+(\S+)", re.IGNORECASE | re.DOTALL
 )
+REVOKE_ALL = re.compile(
+    r"REVOKE\s+ALL\s+ON\s+ALL\s+(FUNCTIONS|TABLES|SEQUENCES)\s+IN\s+SCHEMA\s+mailbox\s+FROM\s+PUBLIC\s*;",
+    re.IGNORECASE,
+)
+# pg_class kinds and the GRANT object word for each REVOKE ALL ON ALL <what>
+MEMBERS = {
+    "FUNCTIONS": ("pg_proc", "p.prokind IN ('f', 'p')", "ROUTINE"),
+    "TABLES": ("pg_class", "c.relkind IN ('r', 'p', 'v', 'm', 'f')", "TABLE"),
+    "SEQUENCES": ("pg_class", "c.relkind = 'S'", "SEQUENCE"),
+}
 DOLLAR = re.compile(r"\$[A-Za-z_][A-Za-z_0-9]*\$|\$\$")
 
 
@@ -108,6 +122,30 @@ def rerunnable(path: Path) -> str:
     return "".join(out)
 
 
+def revoke_members(text: str) -> str:
+    """REVOKE ALL ON ALL <what> IN SCHEMA mailbox FROM PUBLIC, for extension members only."""
+
+    def block(m: re.Match) -> str:
+        catalog, kind, word = MEMBERS[m.group(1).upper()]
+        alias = catalog[3]
+        ident = "p.oid::regprocedure::text" if catalog == "pg_proc" else "c.oid::regclass::text"
+        return (
+            f"-- (upgrade) {m.group(0)} -- on the extension's members only\n"
+            "DO $revoke$\nDECLARE\n    v_object text;\nBEGIN\n"
+            f"    FOR v_object IN SELECT {ident} FROM pg_catalog.{catalog} AS {alias}\n"
+            "        JOIN pg_catalog.pg_depend AS d"
+            f" ON d.classid = 'pg_catalog.{catalog}'::regclass\n"
+            f"         AND d.objid = {alias}.oid AND d.deptype = 'e'\n"
+            "        JOIN pg_catalog.pg_extension AS e"
+            " ON e.oid = d.refobjid AND e.extname = 'pg_mailbox'\n"
+            f"       WHERE {kind} ORDER BY 1\n    LOOP\n"
+            f"        EXECUTE pg_catalog.format('REVOKE ALL ON {word} %s FROM PUBLIC', v_object);\n"
+            "    END LOOP;\nEND\n$revoke$;"
+        )
+
+    return REVOKE_ALL.sub(block, text)
+
+
 def main() -> None:
     old, new, target = sys.argv[1:4]
     delta = REPO / "sql" / "upgrade" / f"{old}--{new}.sql"
@@ -115,7 +153,7 @@ def main() -> None:
         raise SystemExit(f"missing the schema delta {delta.relative_to(REPO)}")
     parts = [(delta, delta.read_text())]
     parts += [(p, rerunnable(p)) for p in sorted((REPO / "sql" / "functions").glob("*.sql"))]
-    parts += [(p, p.read_text()) for p in sorted((REPO / "sql").glob("*.sql"))]
+    parts += [(p, revoke_members(p.read_text())) for p in sorted((REPO / "sql").glob("*.sql"))]
     regenerate = REPO / "sql" / "upgrade" / "regenerate.sql"
     parts.append((regenerate, regenerate.read_text()))
     lines = [
