@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 from groups import poll
-from mbx import scalar
+from mbx import drop_role, make_role, scalar
 from psycopg import sql
 
 from pg_mailbox.cluster import find_bindir
@@ -391,3 +391,20 @@ def check_exercise(out: dict[str, object]) -> None:
     assert out["legacy_1"] == [(str(uuid.UUID(int=2)),)]
     assert out["legacy_2"] == [(str(uuid.UUID(int=5)),)]
     assert out["payments_3"] == [("p7",)]
+
+
+@contextmanager
+def state_at_version(dsn: str, version: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to dsn's (empty) database with pg_mailbox installed at
+    `version` and build_state's rows; the captured table's owner is a throwaway role,
+    dropped afterwards."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(
+            sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(sql.Literal(version))
+        )
+        role = make_role(db)
+        try:
+            build_state(db, role)
+            yield db
+        finally:
+            drop_role(db, role)

@@ -17,6 +17,9 @@ whose transaction ids are behind the original's: offsets must continue there too
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import psycopg
 import pytest
 from dumps import (
@@ -28,13 +31,14 @@ from dumps import (
     exercise,
     outbox_poll,
     state,
+    state_at_version,
 )
 from groups import poll
 from mbx import drop_role, make_role, scalar
 from psycopg import sql
 from snapshot import upgrade_sources
 
-from pg_mailbox.cluster import Cluster
+from pg_mailbox.cluster import Cluster, find_bindir
 
 
 @pytest.fixture
@@ -177,17 +181,67 @@ def test_dump_restores_an_updated_database(fresh_dsn, pg_cluster, old, tmp_path)
     """A database made with the previous release and updated (ALTER EXTENSION UPDATE, which
     rebuilt the capture functions and the inbox code) dumps and restores like a fresh one:
     the regenerated objects are not extension members, so pg_dump keeps them."""
-    with psycopg.connect(fresh_dsn, autocommit=True) as db:
-        db.execute(
-            sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(sql.Literal(old))
+    with state_at_version(fresh_dsn, old) as db:
+        db.execute("ALTER EXTENSION pg_mailbox UPDATE")
+        assert old != scalar(db, "SELECT extversion FROM pg_extension WHERE extname = 'pg_mailbox'")
+        check_round_trip(db, fresh_dsn, pg_cluster, "custom", tmp_path)
+
+
+@pytest.mark.parametrize("old", upgrade_sources())
+def test_restore_an_old_dump_then_update(fresh_dsn, pg_cluster, old, tmp_path):
+    """A dump taken on the previous release, restored on a server where the new version is
+    installed (docs/upgrading.md, "Restoring an old dump"): the dump's CREATE EXTENSION names
+    no version, so the empty database gets the extension at the dumped version first, the
+    dump is restored without its schema and extension entries, and then updated."""
+    bindir = find_bindir()
+    env = {"PATH": "/usr/bin:/bin"}
+    with state_at_version(fresh_dsn, old) as db:
+        before = state(db)
+        dump = tmp_path / "old.dump"
+        run = [str(bindir / "pg_dump"), "--format=custom", "--file", str(dump), fresh_dsn]
+        subprocess.run(run, env=env, check=True, capture_output=True, timeout=300)
+        listed = subprocess.run(
+            [str(bindir / "pg_restore"), "--list", str(dump)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines(keepends=True)
+        skip = re.compile(
+            r" (SCHEMA - mailbox|EXTENSION - pg_mailbox|COMMENT - EXTENSION pg_mailbox) "
         )
-        role = make_role(db)
-        try:
-            build_state(db, role)
-            db.execute("ALTER EXTENSION pg_mailbox UPDATE")
-            assert old != scalar(
-                db, "SELECT extversion FROM pg_extension WHERE extname = 'pg_mailbox'"
+        kept = [line for line in listed if not skip.search(line)]
+        assert len(listed) - len(kept) >= 2, "the schema and extension entries were found"
+        (tmp_path / "restore.list").write_text("".join(kept))
+        with _new_database(pg_cluster.dsn()) as target_dsn:
+            with psycopg.connect(target_dsn, autocommit=True) as restored:
+                restored.execute(
+                    sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(
+                        sql.Literal(old)
+                    )
+                )
+            done = subprocess.run(
+                [
+                    str(bindir / "pg_restore"),
+                    "--exit-on-error",
+                    "--use-list",
+                    str(tmp_path / "restore.list"),
+                    "--dbname",
+                    target_dsn,
+                    str(dump),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
-            check_round_trip(db, fresh_dsn, pg_cluster, "custom", tmp_path)
-        finally:
-            drop_role(db, role)
+            assert done.returncode == 0 and "ERROR" not in done.stderr, done.stderr
+            with psycopg.connect(target_dsn, autocommit=True) as restored:
+                after = state(restored)
+                for name in STATE:
+                    assert after[name] == before[name], name
+                restored.execute("ALTER EXTENSION pg_mailbox UPDATE")
+                assert old != scalar(
+                    restored, "SELECT extversion FROM pg_extension WHERE extname = 'pg_mailbox'"
+                )
+                check_exercise(exercise(restored))
