@@ -15,6 +15,12 @@
 
 -- 0.2.0 changes no table, type or role of 0.1.0.
 
+-- Functions 0.2.0 no longer has (issue 12: the inbox role registry, _check_user_table): the
+-- re-created parts would leave them behind.
+DROP FUNCTION mailbox._check_capturable(oid);
+DROP FUNCTION mailbox._inbox_map_column(mailbox._inbox, text, text, text[]);
+DROP FUNCTION mailbox._inbox_tracking_py(oid, jsonb, jsonb);
+
 -- sql/functions/04_settings.sql
 -- Part 04: the settings registry. Every mailbox.* GUC is one row of mailbox._settings():
 -- its name, kind, default, bounds, area and meaning. The SQL readers below, the server-side
@@ -315,6 +321,52 @@ BEGIN
                 ELSE pg_catalog.current_setting('role')::name END;
 END
 $$;
+-- A table a caller hands to pg_mailbox (p_use: 'capture' by enable_outbox, 'adopt' by
+-- enable_inbox_tracking) must be an ordinary or partitioned table of the caller's own, not
+-- one of the extension's and not a temporary one. One rule for both halves.
+CREATE OR REPLACE FUNCTION mailbox._check_user_table(p_rel oid, p_use text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_kind char;
+    v_schema text;
+BEGIN
+    SELECT c.relkind, n.nspname INTO v_kind, v_schema
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table not found: %', p_rel
+            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
+    END IF;
+    IF v_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'not a table: %', p_rel::regclass
+            USING ERRCODE = '42809',
+                  DETAIL = pg_catalog.format('%s is a %s.', p_rel::regclass,
+                      CASE v_kind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                  WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'
+                                  WHEN 'i' THEN 'index' WHEN 'c' THEN 'composite type'
+                                  ELSE 'relation of kind ' || v_kind END),
+                  HINT = CASE p_use
+                      WHEN 'capture' THEN 'Only ordinary and partitioned tables can be captured; publish events with mailbox.outbox_publish() instead.'
+                      ELSE 'Only ordinary and partitioned tables can be inbox tables.' END;
+    END IF;
+    IF v_schema = 'mailbox' THEN
+        RAISE EXCEPTION 'cannot % a pg_mailbox table: %', p_use, p_rel::regclass
+            USING ERRCODE = '22023',
+                  HINT = CASE p_use WHEN 'capture' THEN 'Capture your own tables, not the extension''s.'
+                                    ELSE 'Adopt your own tables, or use mailbox.create_inbox().' END;
+    END IF;
+    IF v_schema LIKE 'pg_temp%' THEN
+        RAISE EXCEPTION 'cannot % a temporary table: %', p_use, p_rel::regclass
+            USING ERRCODE = '22023',
+                  HINT = CASE p_use WHEN 'capture' THEN 'Outbox rows outlive the session; capture a permanent table.'
+                                    ELSE 'Inbox rows outlive the session; adopt a permanent table.' END;
+    END IF;
+END
+$$;
+
 
 -- 42501 unless the caller holds EVERY listed privilege on the table (has_table_privilege with a
 -- list is true when any one is held, so each is checked alone): capturing a table must not
@@ -690,44 +742,6 @@ $$;
 COMMENT ON FUNCTION mailbox.create_outbox(text, int, int, int) IS
 'create an outbox fed by mailbox.outbox_publish()';
 
--- Checks a table to capture (already resolved): 42809 for non-tables, 22023 for ours/temp.
-CREATE OR REPLACE FUNCTION mailbox._check_capturable(p_rel oid)
-RETURNS void
-LANGUAGE plpgsql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_kind char;
-    v_schema text;
-BEGIN
-    SELECT c.relkind, n.nspname INTO v_kind, v_schema
-      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE c.oid = p_rel;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'table not found: %', p_rel
-            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
-    END IF;
-    IF v_kind NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION 'not a table: %', p_rel::regclass
-            USING ERRCODE = '42809',
-                  DETAIL = pg_catalog.format('%s is a %s.', p_rel::regclass,
-                      CASE v_kind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
-                                  WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'
-                                  WHEN 'i' THEN 'index' WHEN 'c' THEN 'composite type'
-                                  ELSE 'relation of kind ' || v_kind END),
-                  HINT = 'Only ordinary and partitioned tables can be captured; publish events with mailbox.outbox_publish() instead.';
-    END IF;
-    IF v_schema = 'mailbox' THEN
-        RAISE EXCEPTION 'cannot capture a pg_mailbox table: %', p_rel::regclass
-            USING ERRCODE = '22023', HINT = 'Capture your own tables, not the extension''s.';
-    END IF;
-    IF v_schema LIKE 'pg_temp%' THEN
-        RAISE EXCEPTION 'cannot capture a temporary table: %', p_rel::regclass
-            USING ERRCODE = '22023', HINT = 'Outbox rows outlive the session; capture a permanent table.';
-    END IF;
-END
-$$;
-
 -- The outbox name enable_outbox gives a table when the caller names none: the table's name
 -- (ASCII letters lowercased, every other character but [a-z0-9_] as '_', a leading digit
 -- prefixed with '_') when that is a valid name that is free; otherwise its first 32 bytes,
@@ -779,7 +793,7 @@ DECLARE
     v_schema text;
     v_table text;
 BEGIN
-    PERFORM mailbox._check_capturable(p_rel);
+    PERFORM mailbox._check_user_table(p_rel, 'capture');
     IF p_outbox_name IS NOT NULL THEN
         PERFORM mailbox._check_name('outbox', p_outbox_name);
     END IF;
@@ -3841,6 +3855,205 @@ SELECT g.group_name, o.outbox_name, g.auto_offset_reset, x.group_offset, g.deliv
 COMMENT ON VIEW mailbox.consumer_group_lag IS
 'every consumer group: offsets and lag in rows (as of the last numbering; consumer_lag() numbers first)';
 
+-- sql/functions/30_inbox_roles.sql
+-- Part 30 (roles): the inbox's role -> column model, in one place.
+--
+-- An inbox stores each message in a table whose columns play fixed roles (event_id,
+-- payload, processed_at, ...). A managed inbox (create_inbox) gets a column per role, named
+-- after it; an adopted table (enable_inbox_tracking) maps roles to its own columns, and
+-- optional roles may be absent. Everything that needs the model reads it from
+-- mailbox._inbox_roles(): the managed table's definition, adoption's column checks, the
+-- column checks of enable_inbox_ordering / enable_inbox_priority, the parameters of
+-- inbox_receive and the keys of inbox_receive_batch. The composite types that carry a
+-- message (_inbox_message, part 33) and inbox_claim's result columns are written out in
+-- full; tests/inbox/test_inbox_roles.py checks them against this registry.
+
+-- One row per role:
+--   table_position    the column's place in a managed inbox table;
+--   message_position  the field's place in a claimed message (_inbox_message, inbox_claim's
+--                     result columns; NULL: not returned);
+--   receive_position  the parameter's place in inbox_receive after p_inbox (NULL: not passed);
+--   receive_type      that parameter's type (inbox_receive_batch reads its keys as these);
+--   required          adoption needs a column for it; an optional role whose column is
+--                     missing is left out (unless the caller named a column explicitly);
+--   accepted          the base types (pg_type.typname) a column for it may have;
+--   cast_from_text    the API passes it as text, cast to the column's type when that is
+--                     not text (a uuid or integer id, say);
+--   managed_column    the column's type and constraints in a managed inbox table.
+CREATE OR REPLACE FUNCTION mailbox._inbox_roles()
+RETURNS TABLE (
+    role text, table_position int, message_position int, receive_position int, receive_type text, required boolean,
+    accepted text[], cast_from_text boolean, managed_column text
+)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    VALUES
+        ('event_id', 1, 1, 1, 'text', TRUE, '{text,varchar,uuid,int4,int8}'::text[], TRUE, 'text PRIMARY KEY'),
+        ('event_type', 2, 2, 3, 'text', FALSE, '{text,varchar}', FALSE, 'text'),
+        ('source', 3, 3, 4, 'text', FALSE, '{text,varchar}', FALSE, 'text'),
+        ('aggregate_id', 4, 4, 5, 'text', FALSE, '{text,varchar,uuid,int4,int8}', TRUE, 'text'),
+        ('sequence_num', 5, 5, 6, 'int8', FALSE, '{int2,int4,int8}', FALSE, 'bigint'),
+        ('priority', 6, 6, 9, 'int4', FALSE, '{int2,int4,int8}', FALSE, 'smallint'),
+        ('payload', 7, 7, 2, 'jsonb', FALSE, '{json,jsonb}', FALSE, 'jsonb'),
+        ('headers', 8, 8, 7, 'jsonb', FALSE, '{json,jsonb}', FALSE, 'jsonb'),
+        ('trace_id', 9, 9, 8, 'text', FALSE, '{text,varchar}', FALSE, 'text'),
+        ('received_at', 10, 11, NULL, NULL, TRUE, '{timestamptz,timestamp}', FALSE,
+         'timestamptz NOT NULL DEFAULT pg_catalog.now()'),
+        ('processed_at', 11, NULL, NULL, NULL, TRUE, '{timestamptz,timestamp}', FALSE, 'timestamptz'),
+        ('error', 12, NULL, NULL, NULL, FALSE, '{text,varchar}', FALSE, 'text'),
+        ('retry_count', 13, 10, NULL, NULL, TRUE, '{int2,int4,int8}', FALSE, 'int NOT NULL DEFAULT 0');
+$$;
+
+-- The roles inbox_receive takes, in its parameter order (the generated receive's $2 ...
+-- $10); inbox_receive_batch's keys are these with p_.
+CREATE OR REPLACE FUNCTION mailbox._inbox_receive_roles()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.array_agg(r.role ORDER BY r.receive_position)
+      FROM mailbox._inbox_roles() AS r
+     WHERE r.receive_position IS NOT NULL;
+$$;
+
+-- The column definition list that reads a batch with jsonb_to_recordset: each
+-- inbox_receive parameter with its type (a json null or an absent key is SQL NULL).
+CREATE OR REPLACE FUNCTION mailbox._inbox_batch_columns()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.string_agg(pg_catalog.format('p_%s pg_catalog.%s', r.role, r.receive_type), ', '
+                                 ORDER BY r.receive_position)
+      FROM mailbox._inbox_roles() AS r
+     WHERE r.receive_position IS NOT NULL;
+$$;
+
+-- The definition of a managed inbox table's columns, in table order.
+CREATE OR REPLACE FUNCTION mailbox._inbox_managed_columns()
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.string_agg(pg_catalog.format('%I %s', r.role, r.managed_column), ', '
+                                 ORDER BY r.table_position)
+      FROM mailbox._inbox_roles() AS r;
+$$;
+
+-- Checks that column p_column of table p_rel exists and may hold p_role; returns its base
+-- type (pg_type.typname) and its full type. Adoption and the ordering / priority mappings
+-- share it, so one role is judged by one rule.
+CREATE OR REPLACE FUNCTION mailbox._inbox_role_column(
+    p_rel oid, p_role text, p_column text, OUT base_type text, OUT full_type text
+)
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_accepted text[] := (SELECT r.accepted FROM mailbox._inbox_roles() AS r WHERE r.role = p_role);
+BEGIN
+    SELECT b.typname, pg_catalog.format_type(a.atttypid, a.atttypmod) INTO base_type, full_type
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_rel AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column not found: %', p_column
+            USING ERRCODE = '42703',
+                  DETAIL = pg_catalog.format('Table %s has no column %s (mapped to %s).', p_rel::regclass,
+                                             p_column, p_role),
+                  HINT = 'Pass the name of an existing column for this role.';
+    END IF;
+    IF base_type <> ALL (v_accepted) THEN
+        RAISE EXCEPTION 'column % has type %, which cannot hold %', p_column, full_type, p_role
+            USING ERRCODE = '42804',
+                  DETAIL = pg_catalog.format('%s accepts %s.', p_role, pg_catalog.array_to_string(v_accepted, ', ')),
+                  HINT = 'Map another column, or change the column''s type.';
+    END IF;
+END
+$$;
+
+-- 22023 when one column is mapped to two roles.
+CREATE OR REPLACE FUNCTION mailbox._inbox_check_distinct_columns(p_columns jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_column text := (SELECT m.value FROM pg_catalog.jsonb_each_text(p_columns) AS m
+                       GROUP BY m.value HAVING pg_catalog.count(*) > 1 ORDER BY m.value LIMIT 1);
+BEGIN
+    IF v_column IS NOT NULL THEN
+        RAISE EXCEPTION 'column mapped to more than one role: %', v_column
+            USING ERRCODE = '22023', HINT = 'Each inbox role needs its own column.';
+    END IF;
+END
+$$;
+
+-- Adoption (enable_inbox_tracking): checks table p_rel and maps its columns. p_requested
+-- maps roles to the column names the caller passed (a json null: do not use that role; a
+-- role left out: its default, the column named after it). A required role must resolve;
+-- an optional one whose default column is missing is left out. Returns {schema, table,
+-- columns: {role: column}, casts: {role: type}} (casts: roles whose text is cast to the
+-- column's type). Nothing about the table is changed.
+CREATE OR REPLACE FUNCTION mailbox._inbox_resolve_columns(p_rel oid, p_requested jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_schema text;
+    v_table text;
+    r record;
+    v_column text;
+    v_type record;
+    v_columns jsonb := '{}';
+    v_casts jsonb := '{}';
+BEGIN
+    PERFORM mailbox._check_user_table(p_rel, 'adopt');
+    SELECT n.nspname, c.relname INTO v_schema, v_table
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    FOR r IN SELECT * FROM mailbox._inbox_roles() AS x ORDER BY NOT x.required, x.table_position LOOP
+        v_column := CASE WHEN p_requested ? r.role THEN p_requested ->> r.role ELSE r.role END;
+        IF v_column IS NULL THEN
+            IF r.required THEN
+                RAISE EXCEPTION 'column for % must not be null', r.role
+                    USING ERRCODE = '22004',
+                          HINT = pg_catalog.format('Name the column of %s.%s that holds %s.', v_schema, v_table, r.role);
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT r.required AND v_column = r.role AND NOT EXISTS (
+            SELECT 1 FROM pg_catalog.pg_attribute AS a
+             WHERE a.attrelid = p_rel AND a.attname = v_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
+            CONTINUE; -- an optional role's default column is absent: the inbox goes without it
+        END IF;
+        v_type := mailbox._inbox_role_column(p_rel, r.role, v_column);
+        v_columns := v_columns || pg_catalog.jsonb_build_object(r.role, v_column);
+        IF r.cast_from_text AND v_type.base_type NOT IN ('text', 'varchar') THEN
+            v_casts := v_casts || pg_catalog.jsonb_build_object(r.role, v_type.full_type);
+        END IF;
+    END LOOP;
+    PERFORM mailbox._inbox_check_distinct_columns(v_columns);
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index AS i
+          JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+         WHERE i.indrelid = p_rel AND i.indisunique AND i.indimmediate AND i.indisvalid
+           AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL
+           AND a.attname = v_columns ->> 'event_id') THEN
+        RAISE EXCEPTION 'id column % of %.% is not a primary key or unique', v_columns ->> 'event_id', v_schema, v_table
+            USING ERRCODE = '55000',
+                  DETAIL = 'Deduplication (ON CONFLICT) needs a unique index on exactly this column.',
+                  HINT = pg_catalog.format('ALTER TABLE %s.%s ADD PRIMARY KEY (%s), or add a UNIQUE constraint.',
+                                           v_schema, v_table, v_columns ->> 'event_id');
+    END IF;
+    RETURN pg_catalog.jsonb_build_object('schema', v_schema, 'table', v_table, 'columns', v_columns,
+                                         'casts', v_casts);
+END
+$$;
+
 -- sql/functions/30_inbox_tables.sql
 -- Part 30: the inbox catalog and the side tables every inbox shares (SPEC §3).
 --
@@ -3849,7 +4062,7 @@ COMMENT ON VIEW mailbox.consumer_group_lag IS
 -- processed_at, ...) to that table's column names. Every inbox function reads the mapping;
 -- no function hard-codes a column name of an inbox table. Leases, retry times, ordering state
 -- and alert bookkeeping live in the side tables below for managed and adopted inboxes alike,
--- so an adopted table's columns are never altered (see docs/inbox.md).
+-- so an adopted table's columns are never altered (see docs/design.md §7.1).
 --
 -- The side tables reference the catalog by inbox_key without a foreign key on purpose: a
 -- foreign key check would take a KEY SHARE lock on the catalog row on every claim, and
@@ -3881,7 +4094,7 @@ END
 $$;
 
 -- The role whose rights the inbox's generated functions and views run with: its table's owner
--- (docs/inbox.md, "Whose rights run what").
+-- (docs/security.md, "Inbox tables").
 CREATE OR REPLACE FUNCTION mailbox._inbox_owner(p_inbox mailbox._inbox)
 RETURNS name
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -3986,6 +4199,61 @@ AS $$
                 THEN pg_catalog.format('CAST($%s AS %s%s)', p_n, p_inbox.casts ->> p_role,
                                        CASE WHEN p_array THEN '[]' ELSE '' END)
                 ELSE '$' || p_n END;
+$$;
+
+-- sql/functions/31_inbox_indexes.sql
+-- Part 31 (indexes): the indexes of a managed inbox table. Adopted tables are left alone:
+-- indexing them is their owner's call (docs/inbox.md, enable_inbox_tracking).
+
+-- The indexes every managed inbox table has: pending messages in claim order, dead letters,
+-- and processed rows (retention, throughput).
+CREATE OR REPLACE FUNCTION mailbox._inbox_base_indexes(p_schema text, p_name text, p_max_retries int)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL',
+                              p_name || '_pending_idx', p_schema, p_name);
+    EXECUTE pg_catalog.format(
+        'CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL AND retry_count >= %s',
+        p_name || '_dlq_idx', p_schema, p_name, p_max_retries);
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (processed_at) WHERE processed_at IS NOT NULL',
+                              p_name || '_processed_idx', p_schema, p_name);
+END
+$$;
+
+-- The indexes a managed inbox table gets for its current settings: ordering and priority.
+CREATE OR REPLACE FUNCTION mailbox._inbox_sync_indexes(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_ordering text := p_inbox.table_name || '_ordering_idx';
+    v_priority text := p_inbox.table_name || '_priority_idx';
+BEGIN
+    IF NOT p_inbox.is_managed THEN
+        RETURN;
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) INCLUDE (%I) WHERE %I IS NULL',
+            v_ordering, p_inbox.schema_name, p_inbox.table_name, c ->> 'aggregate_id', c ->> 'sequence_num',
+            c ->> 'received_at', c ->> 'processed_at');
+    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_ordering)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_ordering);
+    END IF;
+    IF p_inbox.priority_tiers IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) WHERE %I IS NULL',
+            v_priority, p_inbox.schema_name, p_inbox.table_name, c ->> 'priority', c ->> 'received_at',
+            c ->> 'processed_at');
+    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_priority)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_priority);
+    END IF;
+END
 $$;
 
 -- sql/functions/31_inbox_views.sql
@@ -4243,40 +4511,6 @@ BEGIN
 END
 $$;
 
--- The indexes a managed inbox table gets for its current settings (adopted tables are left
--- alone: indexing them is their owner's call, see docs/inbox.md).
-CREATE OR REPLACE FUNCTION mailbox._inbox_sync_indexes(p_inbox mailbox._inbox)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    c jsonb := p_inbox.columns;
-    v_ordering text := p_inbox.table_name || '_ordering_idx';
-    v_priority text := p_inbox.table_name || '_priority_idx';
-BEGIN
-    IF NOT p_inbox.is_managed THEN
-        RETURN;
-    END IF;
-    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        EXECUTE pg_catalog.format(
-            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) INCLUDE (%I) WHERE %I IS NULL',
-            v_ordering, p_inbox.schema_name, p_inbox.table_name, c ->> 'aggregate_id', c ->> 'sequence_num',
-            c ->> 'received_at', c ->> 'processed_at');
-    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_ordering)) IS NOT NULL THEN
-        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_ordering);
-    END IF;
-    IF p_inbox.priority_tiers IS NOT NULL THEN
-        EXECUTE pg_catalog.format(
-            'CREATE INDEX IF NOT EXISTS %I ON %I.%I (%I, %I) WHERE %I IS NULL',
-            v_priority, p_inbox.schema_name, p_inbox.table_name, c ->> 'priority', c ->> 'received_at',
-            c ->> 'processed_at');
-    ELSIF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, v_priority)) IS NOT NULL THEN
-        EXECUTE pg_catalog.format('DROP INDEX %I.%I', p_inbox.schema_name, v_priority);
-    END IF;
-END
-$$;
-
 -- sql/functions/32_inbox_api.sql
 -- Part 32: creating, adopting and dropping inboxes (SPEC §3.1, control plane).
 
@@ -4348,8 +4582,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_rel oid;
-    v_columns jsonb := '{}';
-    v_role text;
+    v_columns jsonb;
 BEGIN
     PERFORM mailbox._require(p_schema, 'p_schema');
     PERFORM mailbox._require(with_dead_letter, 'with_dead_letter');
@@ -4376,38 +4609,12 @@ BEGIN
                   HINT = 'Adopt it with mailbox.enable_inbox_tracking(), or choose another inbox name.';
     END IF;
 
-    -- the managed table's own definition (SPEC §3.1); every other function goes through the
-    -- column mapping built below
-    EXECUTE pg_catalog.format($ddl$
-        CREATE TABLE %1$I.%2$I (
-            event_id text PRIMARY KEY,
-            event_type text,
-            source text,
-            aggregate_id text,
-            sequence_num bigint,
-            priority smallint,
-            payload jsonb,
-            headers jsonb,
-            trace_id text,
-            received_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-            processed_at timestamptz,
-            error text,
-            retry_count int NOT NULL DEFAULT 0
-        )$ddl$, p_schema, p_name);
+    -- the managed table: a column per role, named after it (SPEC §3.1, part 30's registry);
+    -- every other function goes through the column mapping built below
+    EXECUTE pg_catalog.format('CREATE TABLE %I.%I (%s)', p_schema, p_name, mailbox._inbox_managed_columns());
     v_rel := pg_catalog.format('%I.%I', p_schema, p_name)::regclass;
-    FOR v_role IN
-        SELECT a.attname FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = v_rel AND a.attnum > 0
-    LOOP
-        v_columns := v_columns || pg_catalog.jsonb_build_object(v_role, v_role);
-    END LOOP;
-    -- pending (claim order), dead letters and processed rows (retention, throughput)
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL',
-                              p_name || '_pending_idx', p_schema, p_name);
-    EXECUTE pg_catalog.format(
-        'CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL AND retry_count >= %s',
-        p_name || '_dlq_idx', p_schema, p_name, p_max_retries);
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (processed_at) WHERE processed_at IS NOT NULL',
-                              p_name || '_processed_idx', p_schema, p_name);
+    v_columns := (SELECT pg_catalog.jsonb_object_agg(r.role, r.role) FROM mailbox._inbox_roles() AS r);
+    PERFORM mailbox._inbox_base_indexes(p_schema, p_name, p_max_retries);
     EXECUTE pg_catalog.format('COMMENT ON TABLE %I.%I IS %s', p_schema, p_name,
                               pg_catalog.quote_literal('pg_mailbox inbox ' || p_name));
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO mailbox_admin', p_schema, p_name);
@@ -4420,21 +4627,10 @@ $$;
 COMMENT ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) IS
 'create an inbox table with its pending, dead-letter and stats views';
 
-CREATE OR REPLACE FUNCTION mailbox._inbox_tracking_py(p_rel oid, p_requested jsonb, p_defaults jsonb)
-RETURNS jsonb
-LANGUAGE plpython3u STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-if GD.get("mailbox.version") != "0.2.0":
-    plpy.execute("SELECT mailbox._python_load()")
-from mailbox_server import errors, inbox_tracking
-return errors.envelope(plpy, inbox_tracking.validate_sql, p_rel, p_requested, p_defaults)
-$$;
-
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
 -- The inbox's generated functions and views are owned by the table's owner and run with its
--- rights, never the extension owner's (part 35, docs/inbox.md "Whose rights run what").
+-- rights, never the extension owner's (part 35, docs/security.md "Inbox tables").
 CREATE OR REPLACE FUNCTION mailbox.enable_inbox_tracking(
     p_name text,
     p_table_ref text,
@@ -4478,16 +4674,10 @@ BEGIN
             USING ERRCODE = '42710',
                   HINT = 'mailbox.inbox_status() shows its inbox; drop it first to adopt the table again.';
     END IF;
-    v_checked := mailbox._unwrap(mailbox._inbox_tracking_py(v_rel,
-        pg_catalog.jsonb_build_object(
-            'event_id', p_id_column, 'processed_at', p_processed_at_column, 'retry_count', p_retry_count_column,
-            'received_at', p_received_at_column, 'error', p_error_column, 'event_type', p_event_type_column,
-            'payload', p_payload_column, 'source', 'source', 'aggregate_id', 'aggregate_id',
-            'sequence_num', 'sequence_num', 'priority', 'priority', 'headers', 'headers', 'trace_id', 'trace_id'),
-        '{"event_id": "event_id", "processed_at": "processed_at", "retry_count": "retry_count",
-          "received_at": "received_at", "error": "error", "event_type": "event_type", "payload": "payload",
-          "source": "source", "aggregate_id": "aggregate_id", "sequence_num": "sequence_num",
-          "priority": "priority", "headers": "headers", "trace_id": "trace_id"}'));
+    v_checked := mailbox._inbox_resolve_columns(v_rel, pg_catalog.jsonb_build_object(
+        'event_id', p_id_column, 'processed_at', p_processed_at_column, 'retry_count', p_retry_count_column,
+        'received_at', p_received_at_column, 'error', p_error_column, 'event_type', p_event_type_column,
+        'payload', p_payload_column));
     IF NOT pg_catalog.has_schema_privilege(mailbox._caller(), v_checked ->> 'schema', 'CREATE') THEN
         RAISE EXCEPTION 'permission denied for schema %', v_checked ->> 'schema'
             USING ERRCODE = '42501',
@@ -4565,7 +4755,7 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 -- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
 -- rare and stays dynamic: the table and its columns come from the catalog mapping through
 -- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
--- live in mailbox._inbox_lease (see part 30 and docs/inbox.md for why a claim is safe).
+-- live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
 -- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
 -- took the old name; the hot path inlines that check (one name lookup):
@@ -4917,38 +5107,18 @@ BEGIN
 END
 $$;
 
--- Checks that a mapped column exists with an accepted type (the same rules as adoption).
-CREATE OR REPLACE FUNCTION mailbox._inbox_map_column(p_inbox mailbox._inbox, p_role text, p_column text, p_types text[])
+-- Maps p_role to p_column of the inbox's table: the column must exist with a type the role
+-- accepts (part 30, the same rule as adoption) and play no other role.
+CREATE OR REPLACE FUNCTION mailbox._inbox_map_column(p_inbox mailbox._inbox, p_role text, p_column text)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-DECLARE
-    v_type text;
-    v_full text;
 BEGIN
     PERFORM mailbox._require(p_column, 'column for ' || p_role);
-    SELECT b.typname, pg_catalog.format_type(a.atttypid, a.atttypmod) INTO v_type, v_full
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'column not found: %', p_column
-            USING ERRCODE = '42703',
-                  DETAIL = pg_catalog.format('Table %s has no column %s (mapped to %s).',
-                                             p_inbox.table_rel::regclass, p_column, p_role);
-    END IF;
-    IF v_type <> ALL (p_types) THEN
-        RAISE EXCEPTION 'column % has type %, which cannot hold %', p_column, v_full, p_role
-            USING ERRCODE = '42804',
-                  DETAIL = pg_catalog.format('%s accepts %s.', p_role, pg_catalog.array_to_string(p_types, ', '));
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.jsonb_each_text(p_inbox.columns) AS m
-                WHERE m.value = p_column AND m.key <> p_role) THEN
-        RAISE EXCEPTION 'column mapped to more than one role: %', p_column
-            USING ERRCODE = '22023', HINT = 'Each inbox role needs its own column.';
-    END IF;
+    PERFORM mailbox._inbox_role_column(p_inbox.table_rel, p_role, p_column);
+    PERFORM mailbox._inbox_check_distinct_columns(
+        (p_inbox.columns - p_role) || pg_catalog.jsonb_build_object(p_role, p_column));
     RETURN pg_catalog.jsonb_build_object(p_role, p_column);
 END
 $$;
@@ -5017,9 +5187,8 @@ BEGIN
     END IF;
     v_new := v_old;
     v_new.columns := v_old.columns
-        || mailbox._inbox_map_column(v_old, 'aggregate_id', p_aggregate_id_col,
-                                     ARRAY['text', 'varchar', 'uuid', 'int4', 'int8'])
-        || mailbox._inbox_map_column(v_old, 'sequence_num', p_sequence_num_col, ARRAY['int2', 'int4', 'int8']);
+        || mailbox._inbox_map_column(v_old, 'aggregate_id', p_aggregate_id_col)
+        || mailbox._inbox_map_column(v_old, 'sequence_num', p_sequence_num_col);
     IF v_new.columns ->> 'aggregate_id' = p_sequence_num_col THEN
         RAISE EXCEPTION 'column mapped to more than one role: %', p_sequence_num_col
             USING ERRCODE = '22023', HINT = 'Aggregate id and sequence number need their own columns.';
@@ -5141,7 +5310,7 @@ BEGIN
     v_tiers := mailbox._unwrap(mailbox._inbox_tiers_py(p_tiers));
     v_new := v_old;
     v_new.columns := v_old.columns
-        || mailbox._inbox_map_column(v_old, 'priority', p_priority_col, ARRAY['int2', 'int4', 'int8']);
+        || mailbox._inbox_map_column(v_old, 'priority', p_priority_col);
     v_new.priority_tiers := v_tiers;
     UPDATE mailbox._inbox SET columns = v_new.columns, priority_tiers = v_tiers WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_reconfigure(v_old, v_new);
@@ -5206,6 +5375,233 @@ $$;
 COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
 'true when the aggregate belongs to this worker: abs(hashtext(id)) % total = worker';
 
+-- sql/functions/35_inbox_builders.sql
+-- Part 35 (builders): the bodies of an inbox's generated per-message functions, one builder
+-- per function. Each takes the inbox's catalog row and returns the PL/pgSQL statements that
+-- _inbox_define (part 35) wraps with the owner check. Identifiers come from the catalog
+-- through format('%I'); values stay bind parameters ($1 is always the catalog row). What
+-- they build for a managed and an adopted inbox is committed in
+-- tests/expected/inbox_generated_*.sql.
+
+-- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
+-- trace_id, priority): its checks, then the insert. Role i of _inbox_receive_roles() is
+-- parameter $(i + 1).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_receive(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_roles text[] := mailbox._inbox_receive_roles();
+    v_checks text := '';
+    v_cols text[] := ARRAY[]::text[];
+    v_vals text[] := ARRAY[]::text[];
+BEGIN
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_checks := $c$
+    IF $6 IS NULL OR $7 IS NULL THEN
+        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+            USING ERRCODE = '22004',
+                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
+    END IF;$c$;
+    END IF;
+    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
+        IF c ? v_roles[i] THEN
+            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
+            v_vals := v_vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
+        ELSE
+            -- v_roles[i] is a role name of the registry (part 30), never caller text
+            v_checks := v_checks || pg_catalog.format($c$
+    IF $%s IS NOT NULL THEN
+        RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
+            USING ERRCODE = '22023',
+                  HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
+    END IF;$c$, i + 1, v_roles[i]);
+        END IF;
+    END LOOP;
+    -- a priority that does not fit a smallint column is the caller's error, named as such
+    IF mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2' THEN
+        v_checks := v_checks || $c$
+    IF $10 NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;$c$;
+    END IF;
+    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
+    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
+    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
+    RETURN pg_catalog.format($b$%1$s
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
+    RETURN FOUND;$b$,
+        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
+        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id');
+END
+$$;
+
+-- The base type (pg_type.typname, through domains) of the column a role is mapped to; NULL
+-- when the role is not mapped.
+CREATE OR REPLACE FUNCTION mailbox._inbox_column_base_type(p_inbox mailbox._inbox, p_role text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.typname::text
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_inbox.columns ->> p_role AND NOT a.attisdropped;
+$$;
+
+-- The inbox table as written into generated SQL: schema.table, quoted.
+CREATE OR REPLACE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+$$;
+
+-- The per-inbox view of the inbox's own lease rows (part 31), as written into generated SQL.
+CREATE OR REPLACE FUNCTION mailbox._inbox_lease_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
+$$;
+
+-- For an ordered inbox, the claim's extra condition: only aggregate heads (next_<i>, its SQL
+-- written in here: a view in the table's schema may be replaced by that schema's owner),
+-- oldest first, collected by an InitPlan so the claim itself is a primary-key lookup. At
+-- most one in flight per aggregate: a head that is leased (or waits for its retry time) is
+-- skipped, and so is a head whose aggregate has another message under a live lease: a lower
+-- sequence that arrived (or was replayed) after its successor was claimed is the head
+-- again, but waits until that successor is settled. A message in flight was a head when it
+-- was claimed, so its sequence is at most last_seq + 1 (last_seq never decreases): the probe
+-- reads only the aggregate's unprocessed rows up to there (the ordering index), usually the
+-- head alone. Empty for an unordered inbox.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_claim_heads(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN '' ELSE pg_catalog.format(
+        ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
+        ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
+        ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
+        ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
+        ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
+        ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
+        ' ($1).ordering_first_sequence - 1) + 1'
+        ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
+        ' OFFSET 0)'
+        ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
+        c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), mailbox._inbox_lease_sql(p_inbox),
+        c ->> 'received_at', mailbox._inbox_table_sql(p_inbox), c ->> 'aggregate_id', c ->> 'sequence_num',
+        c ->> 'processed_at', '_inbox_' || p_inbox.inbox_key || '_aggregate') END
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- The claimed message's fields (_inbox_message, in its order) read from the inbox table t:
+-- each mapped column cast to the API type, or a typed NULL.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_message_items(p_columns jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format(
+        't.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
+               %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
+               %10$s AS retry_count, %11$s AS received_at',
+        p_columns ->> 'event_id', mailbox._inbox_item(p_columns, 'event_type', 'text'),
+        mailbox._inbox_item(p_columns, 'source', 'text'), mailbox._inbox_item(p_columns, 'aggregate_id', 'text'),
+        mailbox._inbox_item(p_columns, 'sequence_num', 'bigint'), mailbox._inbox_item(p_columns, 'priority', 'int'),
+        mailbox._inbox_item(p_columns, 'payload', 'jsonb'), mailbox._inbox_item(p_columns, 'headers', 'jsonb'),
+        mailbox._inbox_item(p_columns, 'trace_id', 'text'), mailbox._inbox_item(p_columns, 'retry_count', 'int'),
+        mailbox._inbox_item(p_columns, 'received_at', 'timestamptz'));
+$$;
+
+-- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
+-- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
+-- The per-inbox views are security barriers, which a join cannot see into: their probes are
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
+-- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
+-- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
+-- the plan cache would never pick it and would plan every claim again (about 100 us); the
+-- generic plan has the same shape (index order, anti-join per row).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_claim(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
+                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
+                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
+        SELECT %1$s,
+               pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
+          FROM (SELECT t.* FROM %3$s AS t
+                 WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
+                   AND NOT EXISTS (SELECT 1 FROM %7$s AS l
+                                    WHERE l.event_id = t.%8$I::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                 ORDER BY %2$s
+                 LIMIT $2
+                   FOR UPDATE OF t SKIP LOCKED) AS t
+    ) AS c);$b$,
+        mailbox._inbox_build_message_items(c),
+        CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
+            || mailbox._inbox_col(c, 'received_at'),
+        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'retry_count',
+        mailbox._inbox_build_claim_heads(p_inbox), mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
+-- inbox is ordered); inbox_mark_processed settles lease and ordering.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
+        mailbox._inbox_param(p_inbox, 'event_id', 2),
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
+             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END)
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- failed(row, event_id, error): counts the failure (and records the error where the table
+-- has a column for it), or says why not; inbox_mark_failed settles the lease.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_failed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
+     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
+    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
+    END IF;
+    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
+        CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
+        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
 -- sql/functions/35_inbox_codegen.sql
 -- Part 35: per-inbox functions, the only code that reads or writes an inbox table.
 --
@@ -5220,7 +5616,7 @@ COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
--- Whose rights (docs/inbox.md, "Whose rights run what"): a table runs its owner's code
+-- Whose rights (docs/security.md, "Inbox tables"): a table runs its owner's code
 -- (triggers, defaults, check constraints, index expressions, domain checks, casts, RLS
 -- policies) with the rights of whoever touches it. The public inbox functions are SECURITY
 -- DEFINER (the extension owner, a superuser), so they never touch an inbox table themselves:
@@ -5337,178 +5733,35 @@ BEGIN
 END
 $$;
 
--- (Re)generates the five functions of an inbox from its (current) catalog row.
+-- (Re)generates an inbox's functions from its (current) catalog row: each body comes from a
+-- small builder (part 35, builders), so what one generated function does is read in one
+-- place. tests/expected/inbox_generated_*.sql hold the output for a managed and an adopted
+-- inbox (docs/development.md).
 CREATE OR REPLACE FUNCTION mailbox._inbox_generate(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-DECLARE
-    c jsonb := p_inbox.columns;
-    v_key int := p_inbox.inbox_key;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
-    v_id_param text := mailbox._inbox_param(p_inbox, 'event_id', 2);
-    v_lease text := pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
-    -- receive's arguments after the catalog row, in order: role i is $(i + 1)
-    v_roles text[] := mailbox._inbox_receive_roles(); -- part 36
-    v_checks text := '';
-    v_cols text[] := ARRAY[]::text[];
-    v_vals text[] := ARRAY[]::text[];
-    v_heads text := '';
-    v_order text := mailbox._inbox_col(c, 'received_at');
-    v_error text := '';
-    v_priority_type text;
 BEGIN
-    -- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
-    -- trace_id, priority): the checks in the order the generic code made them, then the insert
-    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        v_checks := $c$
-    IF $6 IS NULL OR $7 IS NULL THEN
-        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
-            USING ERRCODE = '22004',
-                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
-    END IF;$c$;
-    END IF;
-    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
-        IF c ? v_roles[i] THEN
-            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
-            v_vals := v_vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
-        ELSE
-            -- v_roles[i] is one of the fixed role names above, never caller text
-            v_checks := v_checks || pg_catalog.format($c$
-    IF $%s IS NOT NULL THEN
-        RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
-            USING ERRCODE = '22023',
-                  HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
-    END IF;$c$, i + 1, v_roles[i]);
-        END IF;
-    END LOOP;
-    -- a priority that does not fit a smallint column is the caller's error, named as such
-    SELECT b.typname INTO v_priority_type
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
-    IF v_priority_type = 'int2' THEN
-        v_checks := v_checks || $c$
-    IF $10 NOT BETWEEN -32768 AND 32767 THEN
-        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
-            USING ERRCODE = '22023',
-                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
-    END IF;$c$;
-    END IF;
-    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
-    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
-    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
-    PERFORM mailbox._inbox_define(p_inbox, 'receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int',
-        'boolean', '', pg_catalog.format($b$%1$s
-    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
-    RETURN FOUND;$b$,
-        v_checks, v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
-        c ->> 'event_id'));
-
-    -- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
-    -- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
-    -- The per-inbox views are security barriers, which a join cannot see into: their probes are
--- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. Always the
--- generic plan: with LIMIT $2 the planner costs it for 10% of the pending rows,
-    -- far above a custom plan for a batch of 10, so the plan cache would never pick it and
-    -- would plan every claim again (about 100 us); the generic plan has the same shape (index
-    -- order, anti-join per row).
-    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
-        -- only aggregate heads (next_<i>, its SQL written in here: a view in the table's schema
-        -- may be replaced by that schema's owner), oldest first, collected by an InitPlan so the
-        -- claim itself is a primary-key lookup. At most one in flight per aggregate: a head
-        -- that is leased (or waits for its retry time) is skipped, and so is a head whose
-        -- aggregate has another message under a live lease: a lower sequence that arrived
-        -- (or was replayed) after its successor was claimed is the head again, but waits
-        -- until that successor is settled. A message in flight was a head when it was
-        -- claimed, so its sequence is at most last_seq + 1 (last_seq never decreases): the
-        -- probe reads only the aggregate's unprocessed rows up to there (the ordering index),
-        -- usually the head alone.
-        v_heads := pg_catalog.format(
-            ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
-            ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
-            ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
-            ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
-            ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
-            ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
-            ' ($1).ordering_first_sequence - 1) + 1'
-            ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-            ' OFFSET 0)'
-            ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
-            c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), v_lease, c ->> 'received_at',
-            v_table, c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
-            '_inbox_' || v_key || '_aggregate');
-    END IF;
-    IF p_inbox.priority_tiers IS NOT NULL THEN
-        v_order := mailbox._inbox_col(c, 'priority') || ', ' || v_order;
-    END IF;
+    PERFORM mailbox._inbox_define(p_inbox, 'receive',
+        (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
+           FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
+        'boolean', '', mailbox._inbox_build_receive(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz', 'mailbox._inbox_message[]', '',
-        pg_catalog.format($b$
-    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
-                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
-        SELECT t.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
-               %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
-               %10$s AS retry_count, %11$s AS received_at,
-               pg_catalog.row_number() OVER (ORDER BY %17$s) AS n
-          FROM (SELECT t.* FROM %12$s AS t
-                 WHERE t.%13$I IS NULL AND t.%14$I < ($1).max_retries%15$s
-                   AND NOT EXISTS (SELECT 1 FROM %16$s AS l
-                                    WHERE l.event_id = t.%1$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
-                 ORDER BY %17$s
-                 LIMIT $2
-                   FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c);$b$,
-        c ->> 'event_id', mailbox._inbox_item(c, 'event_type', 'text'), mailbox._inbox_item(c, 'source', 'text'),
-        mailbox._inbox_item(c, 'aggregate_id', 'text'), mailbox._inbox_item(c, 'sequence_num', 'bigint'),
-        mailbox._inbox_item(c, 'priority', 'int'), mailbox._inbox_item(c, 'payload', 'jsonb'),
-        mailbox._inbox_item(c, 'headers', 'jsonb'), mailbox._inbox_item(c, 'trace_id', 'text'),
-        mailbox._inbox_item(c, 'retry_count', 'int'), mailbox._inbox_item(c, 'received_at', 'timestamptz'),
-        v_table, c ->> 'processed_at', c ->> 'retry_count', v_heads, v_lease, v_order),
-        ' SET plan_cache_mode = force_generic_plan');
-
-    -- processed(row, event_id): marks it; inbox_mark_processed settles lease and ordering
+        mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;
-    v_seq pg_catalog.int8;$d$, pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
-    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
-    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
-        v_table, c ->> 'processed_at', c ->> 'event_id', v_id_param,
-        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
-             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
-        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
-
-    -- failed(row, event_id, error): counts the failure; inbox_mark_failed settles the lease
-    IF c ? 'error' THEN
-        v_error := pg_catalog.format(', %I = $3', c ->> 'error');
-    END IF;
+    v_seq pg_catalog.int8;$d$, mailbox._inbox_build_processed(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'failed', 'text, text', 'mailbox._inbox_attempt', $d$
     v_id pg_catalog.text;
     v_retries pg_catalog.int4;
-    v_processed pg_catalog.bool;$d$, pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
-     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
-    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
-    IF v_id IS NOT NULL THEN
-        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
-    END IF;
-    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
-    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
-                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
-        v_table, c ->> 'retry_count', v_error, c ->> 'event_id', v_id_param, c ->> 'processed_at'));
-
+    v_processed pg_catalog.bool;$d$, mailbox._inbox_build_failed(p_inbox));
     -- query(row, sql, ints, texts): the control plane's SQL (mailbox._inbox_as_owner)
     PERFORM mailbox._inbox_define(p_inbox, 'query', 'text, bigint[], text[]', 'jsonb', $d$
     v_result pg_catalog.jsonb;$d$, $b$
     EXECUTE $2 INTO v_result USING $1, $3, $4;
     RETURN v_result;$b$);
-
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
 END
@@ -5527,29 +5780,6 @@ $$;
 -- notifications are written here from what they return (data: bind parameters only, for
 -- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
 -- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
-
--- The roles inbox_receive takes, in its parameter order (the generated receive's $2 ...
--- $10); inbox_receive_batch's keys are these with p_. One list for both forms.
-CREATE OR REPLACE FUNCTION mailbox._inbox_receive_roles()
-RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num', 'headers',
-                 'trace_id', 'priority'];
-$$;
-
--- The column definition list that reads a batch with jsonb_to_recordset: each
--- inbox_receive parameter with its type (a json null or an absent key is SQL NULL).
-CREATE OR REPLACE FUNCTION mailbox._inbox_batch_columns()
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT 'p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text,'
-           ' p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8,'
-           ' p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4';
-$$;
 
 -- (Re)generates an inbox's two batch functions from its catalog row (called by
 -- _inbox_generate, part 35).
@@ -5977,7 +6207,7 @@ COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) IS
 -- A claim whose messages are marked in its own transaction (the documented exactly-once
 -- pattern) so writes no lease row at all, and its mark deletes none.
 --
--- Why no other claimer can win a message in between (docs/inbox.md, "Leases"): the lease
+-- Why no other claimer can win a message in between (docs/design.md §7.1): the lease
 -- rows are written before the commit releases the row locks and become visible with it. A
 -- claimer whose statement snapshot predates that commit can still lock the row after it,
 -- so inbox_claim re-reads the leases of the rows it locked in a new statement (a new

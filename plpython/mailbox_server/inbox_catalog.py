@@ -1,8 +1,8 @@
 """The inbox catalog as seen from Python: rows of mailbox._inbox.
 
 Python never reads or writes an inbox table: the SQL helpers it calls (mailbox._inbox_counts,
-_inbox_drain, _inbox_gap_list) do, with the table owner's rights (docs/inbox.md, "Whose
-rights run what").
+_inbox_drain, _inbox_gap_list) do, with the table owner's rights (docs/security.md, "Inbox
+tables").
 
 An inbox's table is its identity (``mailbox._inbox.table_rel``), not the name stored when it
 was made: ``Inbox.table`` is the table's *current* name, read from pg_class by oid (the SQL
@@ -78,20 +78,13 @@ class Inbox:
 
 
 def get(plpy, name):
-    if name is None:
-        raise MailboxError(
-            "22004",
-            "inbox name must not be null",
-            hint="Pass the name of an inbox (see mailbox.inbox_status()).",
-        )
-    rows = plpy.execute(plpy.prepare(CATALOG_SQL + " WHERE i.inbox_name = $1", ["text"]), [name])
-    if not rows:
-        raise MailboxError(
-            "42704",
-            "inbox not found: " + name,
-            hint="Create it with mailbox.create_inbox() or mailbox.enable_inbox_tracking(); "
-            "mailbox.inbox_status() lists them.",
-        )
+    """The inbox called ``name``; mailbox._inbox_get raises 22004 / 42704 (one home for them)."""
+    rows = plpy.execute(
+        plpy.prepare(
+            CATALOG_SQL + " WHERE i.inbox_key = (mailbox._inbox_get($1)).inbox_key", ["text"]
+        ),
+        [name],
+    )
     return Inbox(plpy, rows[0])
 
 

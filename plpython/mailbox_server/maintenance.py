@@ -5,7 +5,7 @@ domain (``outbox_*``, ``consumer_*``, ``inbox_*``, ``alert_*``); the pass return
 A second concurrent call returns ``{"skipped": true}`` instead of waiting.
 """
 
-from . import alerts, inbox_maintenance, outbox_maintenance
+from . import alerts, consumer_maintenance, inbox_maintenance, outbox_maintenance
 
 LOCK_SQL = "SELECT mailbox._try_maintenance_lock() AS ok"
 
@@ -14,6 +14,7 @@ OWNER_CODE_END_SQL = "SELECT mailbox._owner_code_end()"
 
 # truncate_drained runs last so its ACCESS EXCLUSIVE locks are held only until commit
 STEPS = (
+    consumer_maintenance.run,
     outbox_maintenance.run,
     inbox_maintenance.run,
     alerts.run,

@@ -146,6 +146,52 @@ BEGIN
                 ELSE pg_catalog.current_setting('role')::name END;
 END
 $$;
+-- A table a caller hands to pg_mailbox (p_use: 'capture' by enable_outbox, 'adopt' by
+-- enable_inbox_tracking) must be an ordinary or partitioned table of the caller's own, not
+-- one of the extension's and not a temporary one. One rule for both halves.
+CREATE FUNCTION mailbox._check_user_table(p_rel oid, p_use text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_kind char;
+    v_schema text;
+BEGIN
+    SELECT c.relkind, n.nspname INTO v_kind, v_schema
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = p_rel;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table not found: %', p_rel
+            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
+    END IF;
+    IF v_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'not a table: %', p_rel::regclass
+            USING ERRCODE = '42809',
+                  DETAIL = pg_catalog.format('%s is a %s.', p_rel::regclass,
+                      CASE v_kind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                  WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'
+                                  WHEN 'i' THEN 'index' WHEN 'c' THEN 'composite type'
+                                  ELSE 'relation of kind ' || v_kind END),
+                  HINT = CASE p_use
+                      WHEN 'capture' THEN 'Only ordinary and partitioned tables can be captured; publish events with mailbox.outbox_publish() instead.'
+                      ELSE 'Only ordinary and partitioned tables can be inbox tables.' END;
+    END IF;
+    IF v_schema = 'mailbox' THEN
+        RAISE EXCEPTION 'cannot % a pg_mailbox table: %', p_use, p_rel::regclass
+            USING ERRCODE = '22023',
+                  HINT = CASE p_use WHEN 'capture' THEN 'Capture your own tables, not the extension''s.'
+                                    ELSE 'Adopt your own tables, or use mailbox.create_inbox().' END;
+    END IF;
+    IF v_schema LIKE 'pg_temp%' THEN
+        RAISE EXCEPTION 'cannot % a temporary table: %', p_use, p_rel::regclass
+            USING ERRCODE = '22023',
+                  HINT = CASE p_use WHEN 'capture' THEN 'Outbox rows outlive the session; capture a permanent table.'
+                                    ELSE 'Inbox rows outlive the session; adopt a permanent table.' END;
+    END IF;
+END
+$$;
+
 
 -- 42501 unless the caller holds EVERY listed privilege on the table (has_table_privilege with a
 -- list is true when any one is held, so each is checked alone): capturing a table must not

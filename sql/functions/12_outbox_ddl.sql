@@ -109,44 +109,6 @@ $$;
 COMMENT ON FUNCTION mailbox.create_outbox(text, int, int, int) IS
 'create an outbox fed by mailbox.outbox_publish()';
 
--- Checks a table to capture (already resolved): 42809 for non-tables, 22023 for ours/temp.
-CREATE FUNCTION mailbox._check_capturable(p_rel oid)
-RETURNS void
-LANGUAGE plpgsql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_kind char;
-    v_schema text;
-BEGIN
-    SELECT c.relkind, n.nspname INTO v_kind, v_schema
-      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE c.oid = p_rel;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'table not found: %', p_rel
-            USING ERRCODE = '42704', HINT = 'Pass schema.table, or a name the current search_path resolves.';
-    END IF;
-    IF v_kind NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION 'not a table: %', p_rel::regclass
-            USING ERRCODE = '42809',
-                  DETAIL = pg_catalog.format('%s is a %s.', p_rel::regclass,
-                      CASE v_kind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
-                                  WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'
-                                  WHEN 'i' THEN 'index' WHEN 'c' THEN 'composite type'
-                                  ELSE 'relation of kind ' || v_kind END),
-                  HINT = 'Only ordinary and partitioned tables can be captured; publish events with mailbox.outbox_publish() instead.';
-    END IF;
-    IF v_schema = 'mailbox' THEN
-        RAISE EXCEPTION 'cannot capture a pg_mailbox table: %', p_rel::regclass
-            USING ERRCODE = '22023', HINT = 'Capture your own tables, not the extension''s.';
-    END IF;
-    IF v_schema LIKE 'pg_temp%' THEN
-        RAISE EXCEPTION 'cannot capture a temporary table: %', p_rel::regclass
-            USING ERRCODE = '22023', HINT = 'Outbox rows outlive the session; capture a permanent table.';
-    END IF;
-END
-$$;
-
 -- The outbox name enable_outbox gives a table when the caller names none: the table's name
 -- (ASCII letters lowercased, every other character but [a-z0-9_] as '_', a leading digit
 -- prefixed with '_') when that is a valid name that is free; otherwise its first 32 bytes,
@@ -198,7 +160,7 @@ DECLARE
     v_schema text;
     v_table text;
 BEGIN
-    PERFORM mailbox._check_capturable(p_rel);
+    PERFORM mailbox._check_user_table(p_rel, 'capture');
     IF p_outbox_name IS NOT NULL THEN
         PERFORM mailbox._check_name('outbox', p_outbox_name);
     END IF;

@@ -5,7 +5,7 @@
 -- processed_at, ...) to that table's column names. Every inbox function reads the mapping;
 -- no function hard-codes a column name of an inbox table. Leases, retry times, ordering state
 -- and alert bookkeeping live in the side tables below for managed and adopted inboxes alike,
--- so an adopted table's columns are never altered (see docs/inbox.md).
+-- so an adopted table's columns are never altered (see docs/design.md §7.1).
 --
 -- The side tables reference the catalog by inbox_key without a foreign key on purpose: a
 -- foreign key check would take a KEY SHARE lock on the catalog row on every claim, and
@@ -37,7 +37,7 @@ END
 $$;
 
 -- The role whose rights the inbox's generated functions and views run with: its table's owner
--- (docs/inbox.md, "Whose rights run what").
+-- (docs/security.md, "Inbox tables").
 CREATE FUNCTION mailbox._inbox_owner(p_inbox mailbox._inbox)
 RETURNS name
 LANGUAGE sql STABLE SECURITY INVOKER

@@ -68,8 +68,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_rel oid;
-    v_columns jsonb := '{}';
-    v_role text;
+    v_columns jsonb;
 BEGIN
     PERFORM mailbox._require(p_schema, 'p_schema');
     PERFORM mailbox._require(with_dead_letter, 'with_dead_letter');
@@ -96,38 +95,12 @@ BEGIN
                   HINT = 'Adopt it with mailbox.enable_inbox_tracking(), or choose another inbox name.';
     END IF;
 
-    -- the managed table's own definition (SPEC §3.1); every other function goes through the
-    -- column mapping built below
-    EXECUTE pg_catalog.format($ddl$
-        CREATE TABLE %1$I.%2$I (
-            event_id text PRIMARY KEY,
-            event_type text,
-            source text,
-            aggregate_id text,
-            sequence_num bigint,
-            priority smallint,
-            payload jsonb,
-            headers jsonb,
-            trace_id text,
-            received_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-            processed_at timestamptz,
-            error text,
-            retry_count int NOT NULL DEFAULT 0
-        )$ddl$, p_schema, p_name);
+    -- the managed table: a column per role, named after it (SPEC §3.1, part 30's registry);
+    -- every other function goes through the column mapping built below
+    EXECUTE pg_catalog.format('CREATE TABLE %I.%I (%s)', p_schema, p_name, mailbox._inbox_managed_columns());
     v_rel := pg_catalog.format('%I.%I', p_schema, p_name)::regclass;
-    FOR v_role IN
-        SELECT a.attname FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = v_rel AND a.attnum > 0
-    LOOP
-        v_columns := v_columns || pg_catalog.jsonb_build_object(v_role, v_role);
-    END LOOP;
-    -- pending (claim order), dead letters and processed rows (retention, throughput)
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL',
-                              p_name || '_pending_idx', p_schema, p_name);
-    EXECUTE pg_catalog.format(
-        'CREATE INDEX %I ON %I.%I (received_at) WHERE processed_at IS NULL AND retry_count >= %s',
-        p_name || '_dlq_idx', p_schema, p_name, p_max_retries);
-    EXECUTE pg_catalog.format('CREATE INDEX %I ON %I.%I (processed_at) WHERE processed_at IS NOT NULL',
-                              p_name || '_processed_idx', p_schema, p_name);
+    v_columns := (SELECT pg_catalog.jsonb_object_agg(r.role, r.role) FROM mailbox._inbox_roles() AS r);
+    PERFORM mailbox._inbox_base_indexes(p_schema, p_name, p_max_retries);
     EXECUTE pg_catalog.format('COMMENT ON TABLE %I.%I IS %s', p_schema, p_name,
                               pg_catalog.quote_literal('pg_mailbox inbox ' || p_name));
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO mailbox_admin', p_schema, p_name);
@@ -140,21 +113,10 @@ $$;
 COMMENT ON FUNCTION mailbox.create_inbox(text, text, int, text, boolean, boolean, int) IS
 'create an inbox table with its pending, dead-letter and stats views';
 
-CREATE FUNCTION mailbox._inbox_tracking_py(p_rel oid, p_requested jsonb, p_defaults jsonb)
-RETURNS jsonb
-LANGUAGE plpython3u STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-if GD.get("mailbox.version") != "@EXTVERSION@":
-    plpy.execute("SELECT mailbox._python_load()")
-from mailbox_server import errors, inbox_tracking
-return errors.envelope(plpy, inbox_tracking.validate_sql, p_rel, p_requested, p_defaults)
-$$;
-
 -- Adopts a table. SECURITY DEFINER with the pinned search_path like every definer function,
 -- so p_table_ref is resolved with that path: name a table outside mailbox as schema.table.
 -- The inbox's generated functions and views are owned by the table's owner and run with its
--- rights, never the extension owner's (part 35, docs/inbox.md "Whose rights run what").
+-- rights, never the extension owner's (part 35, docs/security.md "Inbox tables").
 CREATE FUNCTION mailbox.enable_inbox_tracking(
     p_name text,
     p_table_ref text,
@@ -198,16 +160,10 @@ BEGIN
             USING ERRCODE = '42710',
                   HINT = 'mailbox.inbox_status() shows its inbox; drop it first to adopt the table again.';
     END IF;
-    v_checked := mailbox._unwrap(mailbox._inbox_tracking_py(v_rel,
-        pg_catalog.jsonb_build_object(
-            'event_id', p_id_column, 'processed_at', p_processed_at_column, 'retry_count', p_retry_count_column,
-            'received_at', p_received_at_column, 'error', p_error_column, 'event_type', p_event_type_column,
-            'payload', p_payload_column, 'source', 'source', 'aggregate_id', 'aggregate_id',
-            'sequence_num', 'sequence_num', 'priority', 'priority', 'headers', 'headers', 'trace_id', 'trace_id'),
-        '{"event_id": "event_id", "processed_at": "processed_at", "retry_count": "retry_count",
-          "received_at": "received_at", "error": "error", "event_type": "event_type", "payload": "payload",
-          "source": "source", "aggregate_id": "aggregate_id", "sequence_num": "sequence_num",
-          "priority": "priority", "headers": "headers", "trace_id": "trace_id"}'));
+    v_checked := mailbox._inbox_resolve_columns(v_rel, pg_catalog.jsonb_build_object(
+        'event_id', p_id_column, 'processed_at', p_processed_at_column, 'retry_count', p_retry_count_column,
+        'received_at', p_received_at_column, 'error', p_error_column, 'event_type', p_event_type_column,
+        'payload', p_payload_column));
     IF NOT pg_catalog.has_schema_privilege(mailbox._caller(), v_checked ->> 'schema', 'CREATE') THEN
         RAISE EXCEPTION 'permission denied for schema %', v_checked ->> 'schema'
             USING ERRCODE = '42501',

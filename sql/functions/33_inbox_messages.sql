@@ -9,7 +9,7 @@
 -- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
 -- rare and stays dynamic: the table and its columns come from the catalog mapping through
 -- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
--- live in mailbox._inbox_lease (see part 30 and docs/inbox.md for why a claim is safe).
+-- live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
 -- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
 -- took the old name; the hot path inlines that check (one name lookup):

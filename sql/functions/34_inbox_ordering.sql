@@ -30,38 +30,18 @@ BEGIN
 END
 $$;
 
--- Checks that a mapped column exists with an accepted type (the same rules as adoption).
-CREATE FUNCTION mailbox._inbox_map_column(p_inbox mailbox._inbox, p_role text, p_column text, p_types text[])
+-- Maps p_role to p_column of the inbox's table: the column must exist with a type the role
+-- accepts (part 30, the same rule as adoption) and play no other role.
+CREATE FUNCTION mailbox._inbox_map_column(p_inbox mailbox._inbox, p_role text, p_column text)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
-DECLARE
-    v_type text;
-    v_full text;
 BEGIN
     PERFORM mailbox._require(p_column, 'column for ' || p_role);
-    SELECT b.typname, pg_catalog.format_type(a.atttypid, a.atttypmod) INTO v_type, v_full
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_column AND a.attnum > 0 AND NOT a.attisdropped;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'column not found: %', p_column
-            USING ERRCODE = '42703',
-                  DETAIL = pg_catalog.format('Table %s has no column %s (mapped to %s).',
-                                             p_inbox.table_rel::regclass, p_column, p_role);
-    END IF;
-    IF v_type <> ALL (p_types) THEN
-        RAISE EXCEPTION 'column % has type %, which cannot hold %', p_column, v_full, p_role
-            USING ERRCODE = '42804',
-                  DETAIL = pg_catalog.format('%s accepts %s.', p_role, pg_catalog.array_to_string(p_types, ', '));
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.jsonb_each_text(p_inbox.columns) AS m
-                WHERE m.value = p_column AND m.key <> p_role) THEN
-        RAISE EXCEPTION 'column mapped to more than one role: %', p_column
-            USING ERRCODE = '22023', HINT = 'Each inbox role needs its own column.';
-    END IF;
+    PERFORM mailbox._inbox_role_column(p_inbox.table_rel, p_role, p_column);
+    PERFORM mailbox._inbox_check_distinct_columns(
+        (p_inbox.columns - p_role) || pg_catalog.jsonb_build_object(p_role, p_column));
     RETURN pg_catalog.jsonb_build_object(p_role, p_column);
 END
 $$;
@@ -130,9 +110,8 @@ BEGIN
     END IF;
     v_new := v_old;
     v_new.columns := v_old.columns
-        || mailbox._inbox_map_column(v_old, 'aggregate_id', p_aggregate_id_col,
-                                     ARRAY['text', 'varchar', 'uuid', 'int4', 'int8'])
-        || mailbox._inbox_map_column(v_old, 'sequence_num', p_sequence_num_col, ARRAY['int2', 'int4', 'int8']);
+        || mailbox._inbox_map_column(v_old, 'aggregate_id', p_aggregate_id_col)
+        || mailbox._inbox_map_column(v_old, 'sequence_num', p_sequence_num_col);
     IF v_new.columns ->> 'aggregate_id' = p_sequence_num_col THEN
         RAISE EXCEPTION 'column mapped to more than one role: %', p_sequence_num_col
             USING ERRCODE = '22023', HINT = 'Aggregate id and sequence number need their own columns.';
@@ -254,7 +233,7 @@ BEGIN
     v_tiers := mailbox._unwrap(mailbox._inbox_tiers_py(p_tiers));
     v_new := v_old;
     v_new.columns := v_old.columns
-        || mailbox._inbox_map_column(v_old, 'priority', p_priority_col, ARRAY['int2', 'int4', 'int8']);
+        || mailbox._inbox_map_column(v_old, 'priority', p_priority_col);
     v_new.priority_tiers := v_tiers;
     UPDATE mailbox._inbox SET columns = v_new.columns, priority_tiers = v_tiers WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_reconfigure(v_old, v_new);

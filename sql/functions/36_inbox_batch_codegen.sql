@@ -11,29 +11,6 @@
 -- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
 -- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
 
--- The roles inbox_receive takes, in its parameter order (the generated receive's $2 ...
--- $10); inbox_receive_batch's keys are these with p_. One list for both forms.
-CREATE FUNCTION mailbox._inbox_receive_roles()
-RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT ARRAY['event_id', 'payload', 'event_type', 'source', 'aggregate_id', 'sequence_num', 'headers',
-                 'trace_id', 'priority'];
-$$;
-
--- The column definition list that reads a batch with jsonb_to_recordset: each
--- inbox_receive parameter with its type (a json null or an absent key is SQL NULL).
-CREATE FUNCTION mailbox._inbox_batch_columns()
-RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT 'p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text,'
-           ' p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8,'
-           ' p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4';
-$$;
-
 -- (Re)generates an inbox's two batch functions from its catalog row (called by
 -- _inbox_generate, part 35).
 CREATE FUNCTION mailbox._inbox_generate_batch(p_inbox mailbox._inbox)

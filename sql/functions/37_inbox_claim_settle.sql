@@ -13,7 +13,7 @@
 -- A claim whose messages are marked in its own transaction (the documented exactly-once
 -- pattern) so writes no lease row at all, and its mark deletes none.
 --
--- Why no other claimer can win a message in between (docs/inbox.md, "Leases"): the lease
+-- Why no other claimer can win a message in between (docs/design.md §7.1): the lease
 -- rows are written before the commit releases the row locks and become visible with it. A
 -- claimer whose statement snapshot predates that commit can still lock the row after it,
 -- so inbox_claim re-reads the leases of the rows it locked in a new statement (a new

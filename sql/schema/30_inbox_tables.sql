@@ -35,7 +35,7 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_inbox_key_seq', '');
 -- leased_by_pid is the backend that claimed it: inbox_mark_failed has no worker argument
 -- (SPEC §3.1), so it tells the lease holder's own failure report (which ends the lease)
 -- from a late one of a worker whose lease expired (which must not end another worker's
--- live lease; see docs/inbox.md).
+-- live lease; see docs/design.md §7.1).
 CREATE TABLE mailbox._inbox_lease (
     inbox_key int NOT NULL,
     event_id text NOT NULL,

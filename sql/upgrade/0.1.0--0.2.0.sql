@@ -9,3 +9,9 @@
 -- Released upgrade scripts never change; this one may until 0.2.0 is released.
 
 -- 0.2.0 changes no table, type or role of 0.1.0.
+
+-- Functions 0.2.0 no longer has (issue 12: the inbox role registry, _check_user_table): the
+-- re-created parts would leave them behind.
+DROP FUNCTION mailbox._check_capturable(oid);
+DROP FUNCTION mailbox._inbox_map_column(mailbox._inbox, text, text, text[]);
+DROP FUNCTION mailbox._inbox_tracking_py(oid, jsonb, jsonb);

@@ -508,7 +508,7 @@ def test_a_huge_batch_over_dense_and_sparse_chunks(outbox, connect):
 
 def test_a_consumer_forgotten_by_maintenance_while_it_polls_can_commit(outbox, connect):
     """SPEC §2.1: poll_outbox registers an unknown consumer. Maintenance forgets a consumer
-    silent for consumer_stale_offset_threshold_days (FORGET_SQL in outbox_maintenance.py)
+    silent for consumer_stale_offset_threshold_days (consumer_maintenance.py)
     while that consumer's poll is already running: the poll read its row, then its heartbeat
     UPDATE waited for maintenance and found the row gone. poll_outbox
     (sql/22_groups_api.sql: it registers only when the first SELECT found no row) then leases

@@ -1,5 +1,5 @@
-"""Claims that write leases only when they outlive their transaction (issue 11, docs/inbox.md
-"Leases"): in READ COMMITTED an inbox_claim of an unordered inbox writes one
+"""Claims that write leases only when they outlive their transaction (issue 11, docs/design.md
+§7.1): in READ COMMITTED an inbox_claim of an unordered inbox writes one
 mailbox._inbox_open_claim row per call, and its commit turns the messages still pending
 into lease rows. These tests prove that the cheaper path keeps every property of a lease:
 nothing written for a claim marked in its own transaction, a lease for what is left at

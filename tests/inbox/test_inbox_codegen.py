@@ -3,6 +3,9 @@
 rights, rebuilt on every configuration change (also for a session that already cached them),
 dropped with it, private, and safe with any column names."""
 
+import os
+from pathlib import Path
+
 from mbx import drop_role, make_role, raises, rows, scalar
 
 GENERATED = """
@@ -17,6 +20,19 @@ SELECT p.proname, p.prosecdef, p.proconfig, has_function_privilege('public', p.o
 
 def key(db, inbox):
     return scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = %s", [inbox])
+
+
+def adopt_legacy(db, owner):
+    """public.legacy, owned by ``owner``, adopted as inbox 'legacy'."""
+    db.execute(
+        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
+        " tries int NOT NULL DEFAULT 0, got timestamptz)"
+    )
+    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
+    db.execute(
+        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
+        " p_received_at_column => 'got')"
+    )
 
 
 def test_create_makes_private_functions_and_drop_removes_them(db):
@@ -50,15 +66,7 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
 def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_the_table(db):
     owner = make_role(db)
     db.execute(f'GRANT CREATE ON SCHEMA public TO "{owner}"')
-    db.execute(
-        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
-        " tries int NOT NULL DEFAULT 0, got timestamptz)"
-    )
-    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
-    db.execute(
-        "SELECT mailbox.enable_inbox_tracking('legacy', 'public.legacy', 'id', 'done', 'tries',"
-        " p_received_at_column => 'got')"
-    )
+    adopt_legacy(db, owner)
     k = key(db, "legacy")
     got = rows(db, GENERATED, [str(k)])
     assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 8
@@ -144,3 +152,59 @@ def test_column_names_that_look_like_variables_are_columns(db):
     assert scalar(db, "SELECT mailbox.inbox_mark_processed('odd', 'x')") is True
     with raises("55000"):
         db.execute("SELECT mailbox.inbox_mark_failed('odd', 'x', 'boom')")
+
+
+EXPECTED = Path(__file__).resolve().parents[1] / "expected"
+
+
+def generated_text(db, inbox, owner=None):
+    """Every generated function and view of an inbox, as PostgreSQL prints them back."""
+    k = key(db, inbox)
+    parts = [
+        r[0]
+        for r in rows(
+            db,
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc AS p"
+            " WHERE p.pronamespace = 'mailbox'::regnamespace"
+            "   AND p.proname LIKE '\\_inbox\\_' || %s || '\\_%%' ORDER BY p.proname",
+            [str(k)],
+        )
+    ]
+    parts += [
+        f"CREATE VIEW {r[0]}.{r[1]} AS\n{r[2]}"
+        for r in rows(
+            db,
+            "SELECT schemaname, viewname, definition FROM pg_views"
+            " WHERE viewname LIKE '%%' || %s OR viewname LIKE '\\_inbox\\_' || %s || '\\_%%'"
+            " ORDER BY 1, 2",
+            [inbox, str(k)],
+        )
+    ]
+    text = "\n\n".join(p.strip() for p in parts) + "\n"
+    return text.replace(f'"{owner}"', "<owner>").replace(owner, "<owner>") if owner else text
+
+
+def check_expected(name, text):
+    path = EXPECTED / name
+    if os.environ.get("MAILBOX_UPDATE_SNAPSHOTS") == "1":
+        path.write_text(text)
+    assert path.read_text() == text, (
+        f"the generated inbox code differs from tests/expected/{name}: review the change, then"
+        " regenerate with MAILBOX_UPDATE_SNAPSHOTS=1 .venv/bin/pytest -k generated_code tests"
+    )
+
+
+def test_generated_code_of_a_managed_ordered_inbox_is_the_expected_one(db):
+    """What a managed inbox runs (with ordering, the richest bodies), committed so a change to
+    the builders shows up in review as a diff of the code they generate."""
+    db.execute("SELECT mailbox.create_inbox('gen')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('gen')")
+    check_expected("inbox_generated_managed.sql", generated_text(db, "gen"))
+
+
+def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):
+    owner = make_role(db)
+    adopt_legacy(db, owner)
+    check_expected("inbox_generated_adopted.sql", generated_text(db, "legacy", owner))
+    db.execute("SELECT mailbox.drop_inbox('legacy')")
+    drop_role(db, owner)

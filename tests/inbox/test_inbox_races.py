@@ -254,7 +254,7 @@ def test_a_late_failure_report_does_not_hand_out_a_message_another_worker_holds(
 
 
 def test_a_claimer_with_an_older_snapshot_cannot_steal_a_committed_lease(q, connect):
-    """docs/inbox.md: ON CONFLICT judges the latest committed lease row, so a claimer whose
+    """docs/design.md §7.1: ON CONFLICT judges the latest committed lease row, so a claimer whose
     snapshot predates another worker's committed lease cannot take the message. B takes a
     REPEATABLE READ snapshot, A claims and commits, then B claims: B must get nothing (or a
     serialization failure), never the message."""
@@ -423,7 +423,7 @@ def test_a_late_lower_sequence_does_not_put_a_second_message_of_the_aggregate_in
 
 
 def test_replaying_an_older_message_does_not_run_beside_its_in_flight_successor(ev, connect):
-    """SPEC §3.2 (at most one in flight per aggregate) and docs/inbox.md ("a replayed older
+    """SPEC §3.2 (at most one in flight per aggregate) and docs/inbox-ordering.md ("a replayed older
     message is the head again and is processed before its successors are released"): a2 is
     in flight when the admin replays a1. a1 must not be claimable until a2 is settled.
 

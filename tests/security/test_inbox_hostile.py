@@ -1,5 +1,5 @@
-"""A hostile tenant owns an adopted inbox table and hides code on it (docs/inbox.md, "Whose
-rights run what"). Whatever the inbox API and run_maintenance do with that table, the code
+"""A hostile tenant owns an adopted inbox table and hides code on it (docs/security.md, "Inbox
+tables"). Whatever the inbox API and run_maintenance do with that table, the code
 runs with the table owner's rights, never the extension owner's: the tenant gains nothing.
 
 The tenant (attacker) owns schema hostile and the table hostile.inbox; its hook tries to

@@ -34,7 +34,7 @@ from psycopg import sql
 from snapshot import upgrade_sources
 
 # What the upgrade must leave as it was: everything made at run time (partitions, indexes,
-# constraints, the inbox views, triggers, owners, grants) and the rows the live consumers
+# constraints, the inbox views, triggers, table grants) and the rows the live consumers
 # below do not touch. Functions are compared apart: their bodies carry the version.
 UNCHANGED = [
     "partitions",
@@ -42,7 +42,6 @@ UNCHANGED = [
     "constraints",
     "views",
     "triggers",
-    "owners",
     "table_privileges",
     "claim_check_consumed",
     "delta_rows",
@@ -199,6 +198,10 @@ def test_update_with_consumers_in_flight(fresh_dsn, old):
         after = state(db)
         for name in UNCHANGED:
             assert after[name] == before[name], name
+        # the owners of tables, views and partitions (functions come and go with versions)
+        assert [o for o in after["owners"] if "(" not in o[0]] == [
+            o for o in before["owners"] if "(" not in o[0]
+        ]
         # the ordering state of the inboxes nobody worked on (live_in's moved on: X1, Y1)
         live = scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = 'live_in'")
         assert [r for r in after["inbox_aggregates"] if r[0] != live] == [

@@ -1,0 +1,225 @@
+-- Part 35 (builders): the bodies of an inbox's generated per-message functions, one builder
+-- per function. Each takes the inbox's catalog row and returns the PL/pgSQL statements that
+-- _inbox_define (part 35) wraps with the owner check. Identifiers come from the catalog
+-- through format('%I'); values stay bind parameters ($1 is always the catalog row). What
+-- they build for a managed and an adopted inbox is committed in
+-- tests/expected/inbox_generated_*.sql.
+
+-- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
+-- trace_id, priority): its checks, then the insert. Role i of _inbox_receive_roles() is
+-- parameter $(i + 1).
+CREATE FUNCTION mailbox._inbox_build_receive(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_roles text[] := mailbox._inbox_receive_roles();
+    v_checks text := '';
+    v_cols text[] := ARRAY[]::text[];
+    v_vals text[] := ARRAY[]::text[];
+BEGIN
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_checks := $c$
+    IF $6 IS NULL OR $7 IS NULL THEN
+        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+            USING ERRCODE = '22004',
+                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
+    END IF;$c$;
+    END IF;
+    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
+        IF c ? v_roles[i] THEN
+            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
+            v_vals := v_vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
+        ELSE
+            -- v_roles[i] is a role name of the registry (part 30), never caller text
+            v_checks := v_checks || pg_catalog.format($c$
+    IF $%s IS NOT NULL THEN
+        RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
+            USING ERRCODE = '22023',
+                  HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
+    END IF;$c$, i + 1, v_roles[i]);
+        END IF;
+    END LOOP;
+    -- a priority that does not fit a smallint column is the caller's error, named as such
+    IF mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2' THEN
+        v_checks := v_checks || $c$
+    IF $10 NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;$c$;
+    END IF;
+    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
+    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
+    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
+    RETURN pg_catalog.format($b$%1$s
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
+    RETURN FOUND;$b$,
+        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
+        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id');
+END
+$$;
+
+-- The base type (pg_type.typname, through domains) of the column a role is mapped to; NULL
+-- when the role is not mapped.
+CREATE FUNCTION mailbox._inbox_column_base_type(p_inbox mailbox._inbox, p_role text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.typname::text
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+     WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_inbox.columns ->> p_role AND NOT a.attisdropped;
+$$;
+
+-- The inbox table as written into generated SQL: schema.table, quoted.
+CREATE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+$$;
+
+-- The per-inbox view of the inbox's own lease rows (part 31), as written into generated SQL.
+CREATE FUNCTION mailbox._inbox_lease_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
+$$;
+
+-- For an ordered inbox, the claim's extra condition: only aggregate heads (next_<i>, its SQL
+-- written in here: a view in the table's schema may be replaced by that schema's owner),
+-- oldest first, collected by an InitPlan so the claim itself is a primary-key lookup. At
+-- most one in flight per aggregate: a head that is leased (or waits for its retry time) is
+-- skipped, and so is a head whose aggregate has another message under a live lease: a lower
+-- sequence that arrived (or was replayed) after its successor was claimed is the head
+-- again, but waits until that successor is settled. A message in flight was a head when it
+-- was claimed, so its sequence is at most last_seq + 1 (last_seq never decreases): the probe
+-- reads only the aggregate's unprocessed rows up to there (the ordering index), usually the
+-- head alone. Empty for an unordered inbox.
+CREATE FUNCTION mailbox._inbox_build_claim_heads(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN '' ELSE pg_catalog.format(
+        ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
+        ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
+        ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
+        ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
+        ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
+        ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
+        ' ($1).ordering_first_sequence - 1) + 1'
+        ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
+        ' OFFSET 0)'
+        ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
+        c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), mailbox._inbox_lease_sql(p_inbox),
+        c ->> 'received_at', mailbox._inbox_table_sql(p_inbox), c ->> 'aggregate_id', c ->> 'sequence_num',
+        c ->> 'processed_at', '_inbox_' || p_inbox.inbox_key || '_aggregate') END
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- The claimed message's fields (_inbox_message, in its order) read from the inbox table t:
+-- each mapped column cast to the API type, or a typed NULL.
+CREATE FUNCTION mailbox._inbox_build_message_items(p_columns jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format(
+        't.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
+               %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
+               %10$s AS retry_count, %11$s AS received_at',
+        p_columns ->> 'event_id', mailbox._inbox_item(p_columns, 'event_type', 'text'),
+        mailbox._inbox_item(p_columns, 'source', 'text'), mailbox._inbox_item(p_columns, 'aggregate_id', 'text'),
+        mailbox._inbox_item(p_columns, 'sequence_num', 'bigint'), mailbox._inbox_item(p_columns, 'priority', 'int'),
+        mailbox._inbox_item(p_columns, 'payload', 'jsonb'), mailbox._inbox_item(p_columns, 'headers', 'jsonb'),
+        mailbox._inbox_item(p_columns, 'trace_id', 'text'), mailbox._inbox_item(p_columns, 'retry_count', 'int'),
+        mailbox._inbox_item(p_columns, 'received_at', 'timestamptz'));
+$$;
+
+-- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
+-- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
+-- The per-inbox views are security barriers, which a join cannot see into: their probes are
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
+-- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
+-- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
+-- the plan cache would never pick it and would plan every claim again (about 100 us); the
+-- generic plan has the same shape (index order, anti-join per row).
+CREATE FUNCTION mailbox._inbox_build_claim(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
+                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
+                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
+        SELECT %1$s,
+               pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
+          FROM (SELECT t.* FROM %3$s AS t
+                 WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
+                   AND NOT EXISTS (SELECT 1 FROM %7$s AS l
+                                    WHERE l.event_id = t.%8$I::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                 ORDER BY %2$s
+                 LIMIT $2
+                   FOR UPDATE OF t SKIP LOCKED) AS t
+    ) AS c);$b$,
+        mailbox._inbox_build_message_items(c),
+        CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
+            || mailbox._inbox_col(c, 'received_at'),
+        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'retry_count',
+        mailbox._inbox_build_claim_heads(p_inbox), mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
+-- inbox is ordered); inbox_mark_processed settles lease and ordering.
+CREATE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
+        mailbox._inbox_param(p_inbox, 'event_id', 2),
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
+             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END)
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- failed(row, event_id, error): counts the failure (and records the error where the table
+-- has a column for it), or says why not; inbox_mark_failed settles the lease.
+CREATE FUNCTION mailbox._inbox_build_failed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
+     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
+    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
+    END IF;
+    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
+        CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
+        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;

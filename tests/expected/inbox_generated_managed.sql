@@ -1,0 +1,405 @@
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone)
+ RETURNS mailbox._inbox_message[]
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+DECLARE
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'claim of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
+                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
+                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
+        SELECT t.event_id::pg_catalog.text AS event_id, CAST(t.event_type AS text) AS event_type, CAST(t.source AS text) AS source, CAST(t.aggregate_id AS text) AS aggregate_id,
+               CAST(t.sequence_num AS bigint) AS sequence_num, CAST(t.priority AS int) AS priority, CAST(t.payload AS jsonb) AS payload, CAST(t.headers AS jsonb) AS headers, CAST(t.trace_id AS text) AS trace_id,
+               CAST(t.retry_count AS int) AS retry_count, CAST(t.received_at AS timestamptz) AS received_at,
+               pg_catalog.row_number() OVER (ORDER BY t.received_at) AS n
+          FROM (SELECT t.* FROM mailbox.gen AS t
+                 WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries AND t.event_id = ANY (ARRAY(SELECT n.event_id FROM (
+WITH RECURSIVE heads AS (
+    (SELECT t.aggregate_id AS agg, t.sequence_num AS seq FROM mailbox.gen AS t
+      WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL
+      ORDER BY t.aggregate_id, t.sequence_num LIMIT 1)
+    UNION ALL
+    SELECT n.agg, n.seq FROM heads AS h CROSS JOIN LATERAL (
+        SELECT t.aggregate_id AS agg, t.sequence_num AS seq FROM mailbox.gen AS t
+         WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL AND t.aggregate_id > h.agg
+         ORDER BY t.aggregate_id, t.sequence_num LIMIT 1) AS n
+)
+SELECT m.* FROM heads AS h
+ CROSS JOIN mailbox._inbox_1_config AS cfg
+ CROSS JOIN LATERAL (SELECT t.* FROM mailbox.gen AS t
+                      WHERE t.aggregate_id = h.agg AND t.sequence_num = h.seq AND t.processed_at IS NULL
+                      ORDER BY t.event_id LIMIT 1) AS m
+ WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox._inbox_1_aggregate AS s WHERE s.aggregate_id = h.agg::text),
+                         cfg.ordering_first_sequence - 1) + 1
+   AND m.retry_count < cfg.max_retries) AS n WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = n.event_id::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = n.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = n.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = s.event_id::text AND l.lease_until > $3 OFFSET 0) OFFSET 0) ORDER BY n.received_at LIMIT $2 * 4 + 16))
+                   AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
+                                    WHERE l.event_id = t.event_id::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                 ORDER BY t.received_at
+                 LIMIT $2
+                   FOR UPDATE OF t SKIP LOCKED) AS t
+    ) AS c);
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_failed(mailbox._inbox, text, text)
+ RETURNS mailbox._inbox_attempt
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_id pg_catalog.text;
+    v_retries pg_catalog.int4;
+    v_processed pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'failed of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
+     WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+    RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
+    END IF;
+    SELECT t.processed_at IS NOT NULL INTO v_processed FROM mailbox.gen AS t WHERE t.event_id = $2;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed(mailbox._inbox, text)
+ RETURNS mailbox._inbox_done
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_id pg_catalog.text;
+    v_aggregate pg_catalog.text;
+    v_seq pg_catalog.int8;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
+    RETURNING t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8) INTO v_id, v_aggregate, v_seq;
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_batch(mailbox._inbox, text[])
+ RETURNS mailbox._inbox_done[]
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result mailbox._inbox_done[];
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+        WITH d AS (
+            UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
+              FROM pg_catalog.unnest($2) AS k (id)
+             WHERE t.event_id = k.id AND t.processed_at IS NULL
+            RETURNING ROW(t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8))::mailbox._inbox_done AS r
+        )
+        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_query(mailbox._inbox, text, bigint[], text[])
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.jsonb;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'query of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    EXECUTE $2 INTO v_result USING $1, $3, $4;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF $6 IS NULL OR $7 IS NULL THEN
+        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+            USING ERRCODE = '22004',
+                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
+    END IF;
+    IF $10 NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;
+    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING;
+    RETURN FOUND;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_batch(mailbox._inbox, jsonb)
+ RETURNS boolean[]
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_bad pg_catalog.bool[];
+    v_result pg_catalog.bool[];
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+        WITH m AS (
+            SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY m.p_event_id ORDER BY m.n) AS k
+              FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text, p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8, p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4)) WITH ORDINALITY AS m (p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority, n)
+        ), ins AS (
+            INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count)
+            SELECT m.p_event_id, m.p_payload, m.p_event_type, m.p_source, m.p_aggregate_id, m.p_sequence_num, m.p_headers, m.p_trace_id, CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END, pg_catalog.now(), 0 FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+                ON CONFLICT (event_id) DO NOTHING
+            RETURNING t.event_id AS id
+        )
+        SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
+               ARRAY[pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL), pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE]
+          INTO v_result, v_bad
+          FROM m LEFT JOIN ins ON ins.id = m.p_event_id;
+    IF v_bad[1] THEN
+        RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
+            USING ERRCODE = '22004',
+                  HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
+    END IF;
+    IF v_bad[2] THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name,
+            (SELECT m.p_priority FROM pg_catalog.jsonb_to_recordset($2) AS m (p_priority pg_catalog.int4)
+              WHERE m.p_priority NOT BETWEEN -32768 AND 32767 LIMIT 1)
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_unsettled(mailbox._inbox, text[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.text[];
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'unsettled of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+        SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
+          FROM mailbox.gen AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.event_id = k.id
+         WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
+    RETURN v_result;
+END$function$
+
+CREATE VIEW mailbox._inbox_1_aggregate AS
+ SELECT a.aggregate_id,
+    a.last_seq
+   FROM mailbox._inbox_aggregate a
+  WHERE (a.inbox_key = 1);
+
+CREATE VIEW mailbox._inbox_1_config AS
+ SELECT i.max_retries,
+    i.ordering_first_sequence
+   FROM mailbox._inbox i
+  WHERE (i.inbox_key = 1);
+
+CREATE VIEW mailbox._inbox_1_lease AS
+ SELECT l.event_id,
+    l.lease_until,
+    l.next_attempt_at
+   FROM mailbox._inbox_lease l
+  WHERE (l.inbox_key = 1);
+
+CREATE VIEW mailbox.dlq_gen AS
+ SELECT t.event_id,
+    t.event_type,
+    t.source,
+    t.aggregate_id,
+    t.sequence_num,
+    t.priority,
+    t.payload,
+    t.headers,
+    t.trace_id,
+    t.received_at,
+    t.processed_at,
+    t.error,
+    t.retry_count
+   FROM mailbox.gen t
+  WHERE ((t.processed_at IS NULL) AND (t.retry_count >= ( SELECT i.max_retries
+           FROM mailbox._inbox_1_config i)));
+
+CREATE VIEW mailbox.gaps_gen AS
+ WITH RECURSIVE aggs AS (
+        ( SELECT t.aggregate_id AS agg
+           FROM mailbox.gen t
+          WHERE ((t.processed_at IS NULL) AND (t.aggregate_id IS NOT NULL) AND (t.sequence_num IS NOT NULL))
+          ORDER BY t.aggregate_id
+         LIMIT 1)
+        UNION ALL
+         SELECT n.agg
+           FROM (aggs a_1
+             CROSS JOIN LATERAL ( SELECT t.aggregate_id AS agg
+                   FROM mailbox.gen t
+                  WHERE ((t.processed_at IS NULL) AND (t.aggregate_id IS NOT NULL) AND (t.sequence_num IS NOT NULL) AND (t.aggregate_id > a_1.agg))
+                  ORDER BY t.aggregate_id
+                 LIMIT 1) n)
+        )
+ SELECT a.agg AS aggregate_id,
+    (x.prev + 1) AS expected_seq,
+    x.seq AS found_seq,
+    date_part('epoch'::text, (now() - x.recv)) AS gap_age_sec
+   FROM (((aggs a
+     CROSS JOIN mailbox._inbox_1_config cfg)
+     CROSS JOIN LATERAL ( SELECT COALESCE(( SELECT s_1.last_seq
+                   FROM mailbox._inbox_1_aggregate s_1
+                  WHERE (s_1.aggregate_id = a.agg)), (cfg.ordering_first_sequence - 1)) AS last_seq) s)
+     CROSS JOIN LATERAL ( SELECT t.sequence_num AS seq,
+            t.received_at AS recv,
+            COALESCE(lag(t.sequence_num) OVER (ORDER BY t.sequence_num), s.last_seq) AS prev
+           FROM mailbox.gen t
+          WHERE ((t.aggregate_id = a.agg) AND (t.processed_at IS NULL) AND (t.sequence_num > s.last_seq))) x)
+  WHERE (x.seq > (x.prev + 1));
+
+CREATE VIEW mailbox.next_gen AS
+ WITH RECURSIVE heads AS (
+        ( SELECT t.aggregate_id AS agg,
+            t.sequence_num AS seq
+           FROM mailbox.gen t
+          WHERE ((t.processed_at IS NULL) AND (t.aggregate_id IS NOT NULL) AND (t.sequence_num IS NOT NULL))
+          ORDER BY t.aggregate_id, t.sequence_num
+         LIMIT 1)
+        UNION ALL
+         SELECT n.agg,
+            n.seq
+           FROM (heads h_1
+             CROSS JOIN LATERAL ( SELECT t.aggregate_id AS agg,
+                    t.sequence_num AS seq
+                   FROM mailbox.gen t
+                  WHERE ((t.processed_at IS NULL) AND (t.aggregate_id IS NOT NULL) AND (t.sequence_num IS NOT NULL) AND (t.aggregate_id > h_1.agg))
+                  ORDER BY t.aggregate_id, t.sequence_num
+                 LIMIT 1) n)
+        )
+ SELECT m.event_id,
+    m.event_type,
+    m.source,
+    m.aggregate_id,
+    m.sequence_num,
+    m.priority,
+    m.payload,
+    m.headers,
+    m.trace_id,
+    m.received_at,
+    m.processed_at,
+    m.error,
+    m.retry_count
+   FROM ((heads h
+     CROSS JOIN mailbox._inbox_1_config cfg)
+     CROSS JOIN LATERAL ( SELECT t.event_id,
+            t.event_type,
+            t.source,
+            t.aggregate_id,
+            t.sequence_num,
+            t.priority,
+            t.payload,
+            t.headers,
+            t.trace_id,
+            t.received_at,
+            t.processed_at,
+            t.error,
+            t.retry_count
+           FROM mailbox.gen t
+          WHERE ((t.aggregate_id = h.agg) AND (t.sequence_num = h.seq) AND (t.processed_at IS NULL))
+          ORDER BY t.event_id
+         LIMIT 1) m)
+  WHERE ((h.seq <= (COALESCE(( SELECT s.last_seq
+           FROM mailbox._inbox_1_aggregate s
+          WHERE (s.aggregate_id = h.agg)), (cfg.ordering_first_sequence - 1)) + 1)) AND (m.retry_count < cfg.max_retries));
+
+CREATE VIEW mailbox.pending_gen AS
+ SELECT t.event_id,
+    t.event_type,
+    t.source,
+    t.aggregate_id,
+    t.sequence_num,
+    t.priority,
+    t.payload,
+    t.headers,
+    t.trace_id,
+    t.received_at,
+    t.processed_at,
+    t.error,
+    t.retry_count
+   FROM mailbox.gen t
+  WHERE ((t.processed_at IS NULL) AND (t.retry_count < ( SELECT i.max_retries
+           FROM mailbox._inbox_1_config i)));
+
+CREATE VIEW mailbox.stats_gen AS
+ SELECT t.event_type,
+    count(*) FILTER (WHERE ((t.processed_at IS NULL) AND (t.retry_count < cfg.max_retries))) AS pending_count,
+    count(*) FILTER (WHERE (t.processed_at IS NOT NULL)) AS processed_count,
+    count(*) FILTER (WHERE ((t.processed_at IS NULL) AND (t.retry_count >= cfg.max_retries))) AS dead_letter_count,
+    avg(date_part('epoch'::text, (t.processed_at - t.received_at))) FILTER (WHERE (t.processed_at IS NOT NULL)) AS avg_processing_seconds
+   FROM (mailbox.gen t
+     CROSS JOIN mailbox._inbox_1_config cfg)
+  GROUP BY t.event_type;
