@@ -27,14 +27,16 @@ import time
 
 import psycopg
 
+from pg_mailbox import api
+
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
 
 
 def setup(db, autovacuum):
     db.execute("SELECT mailbox.drop_outbox('nb', true)")
-    db.execute("SELECT mailbox.create_outbox('nb', 0)")
-    db.execute("SELECT mailbox.create_consumer_group('nb_g', 'nb', 'earliest')")
-    db.execute(f"ALTER TABLE mailbox.outbox_nb SET (autovacuum_enabled = {autovacuum})")
+    api.create_outbox(db, "nb", retention_hours=0)
+    api.create_consumer_group(db, "nb_g", "nb", "earliest")
+    db.execute(f"ALTER TABLE mailbox._outbox_log_nb SET (autovacuum_enabled = {autovacuum})")
 
 
 def publish(dsn, pattern, rows):

@@ -62,6 +62,8 @@ import time
 
 import psycopg
 
+from pg_mailbox import api
+
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
 SECTIONS = ("drain", "steady", "idle", "latency", "retention", "producer", "soak")
 
@@ -113,9 +115,9 @@ def drop_outbox(db, outbox):
 def reset_outbox(db, outbox, group=None, reset="earliest"):
     """A new, empty outbox (retention 0) and, if given, a consumer group on it."""
     drop_outbox(db, outbox)
-    db.execute("SELECT mailbox.create_outbox(%s, 0)", [outbox])
+    api.create_outbox(db, outbox, retention_hours=0)
     if group:
-        db.execute("SELECT mailbox.create_consumer_group(%s, %s, %s)", [group, outbox, reset])
+        api.create_consumer_group(db, group, outbox, reset)
 
 
 def publish_in_transactions(db, rows, per_txn, statement, after=None):
@@ -373,7 +375,7 @@ def steady_section(dsn, args, out, soak=False, numberer=False, idle=False, secon
         if idle:
             # 'latest' and a big batch: a caught-up relay, whose poll numbers the new rows it
             # asks for (without a numberer, under the outbox's sequencer lock)
-            db.execute("SELECT mailbox.create_consumer_group('idler_g', 'steady', 'latest')")
+            api.create_consumer_group(db, "idler_g", "steady", "latest")
     idle_held: list[float] = []
     size_samples: list[tuple[float, int, int]] = []  # (seconds since start, outbox, chunks)
     maintenance_runs: list[float] = []
@@ -497,7 +499,7 @@ def steady_section(dsn, args, out, soak=False, numberer=False, idle=False, secon
     def number():
         with connect(dsn) as conn:
             while not stop_consuming.is_set():
-                conn.execute("CALL mailbox.run_numberer(2)")
+                api.run_numberer(conn, 2)
 
     @guarded
     def sit_idle():

@@ -43,6 +43,8 @@ import time
 
 import psycopg
 
+from pg_mailbox import api
+
 _ids = itertools.count(1)
 
 
@@ -52,8 +54,8 @@ def fresh_backlog(dsn, partitions, rows, keys):
     n = next(_ids)
     outbox, group = f"pb_o{n}", f"pb_g{n}"
     with psycopg.connect(dsn, autocommit=True) as db:
-        db.execute("SELECT mailbox.create_outbox(%s, 24, NULL, %s)", [outbox, partitions])
-        db.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [group, outbox])
+        api.create_outbox(db, outbox, partitions=partitions)
+        api.create_consumer_group(db, group, outbox, "earliest")
         for start in range(0, rows, 1000):
             db.execute(
                 "SELECT count(mailbox.outbox_publish(%s, jsonb_build_object('n', g),"
@@ -172,13 +174,13 @@ def idle_latency(dsn, samples, numberer):
     """Milliseconds from a producer's commit to an idle consumer holding the row."""
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute("SELECT mailbox.drop_outbox('pb_lat', true)")
-        db.execute("SELECT mailbox.create_outbox('pb_lat')")
-        db.execute("SELECT mailbox.create_consumer_group('pb_lat_g', 'pb_lat', 'latest')")
+        api.create_outbox(db, "pb_lat")
+        api.create_consumer_group(db, "pb_lat_g", "pb_lat", "latest")
     runner = None
     if numberer:
         runner = psycopg.connect(dsn, autocommit=True)
         thread = threading.Thread(
-            target=lambda: _quiet(runner.execute, "CALL mailbox.run_numberer(3600)"), daemon=True
+            target=lambda: _quiet(api.run_numberer, runner, 3600), daemon=True
         )
         thread.start()
         with psycopg.connect(dsn, autocommit=True) as db:

@@ -43,6 +43,8 @@ import uuid
 
 import psycopg
 
+from pg_mailbox import api
+
 NATS = os.environ.get("BENCH_NATS", "nats://127.0.0.1:4222")
 AMQP = os.environ.get("BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 PAYLOAD = "jsonb_build_object('order_id', g, 'amount', g * 10, 'customer', 'customer-' || g)"
@@ -63,7 +65,7 @@ def percentile(samples: list[float], q: float) -> float:
 def prepare(db: psycopg.Connection, rows: int) -> tuple[str, str]:
     """A fresh outbox holding an unread, unnumbered backlog and an 'earliest' group on it."""
     outbox = f"rb_{uuid.uuid4().hex[:8]}"
-    db.execute("SELECT mailbox.create_outbox(%s)", [outbox])
+    api.create_outbox(db, outbox)
     for start in range(1, rows + 1, 1000):
         end = min(rows, start + 999)
         db.execute(
@@ -73,7 +75,7 @@ def prepare(db: psycopg.Connection, rows: int) -> tuple[str, str]:
             [outbox, start, end],
         )
     group = f"g_{outbox}"
-    db.execute("SELECT mailbox.create_consumer_group(%s, %s, 'earliest')", [group, outbox])
+    api.create_consumer_group(db, group, outbox, "earliest")
     db.execute("CHECKPOINT")  # no cell pays for the previous cell's dirty pages
     return outbox, group
 
@@ -276,8 +278,8 @@ async def _latency(dsn: str, samples: int, tmp: str) -> list[float]:
     target = f"lat_{uuid.uuid4().hex[:8]}"
     await _nats_stream(target)
     db = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await db.execute("SELECT mailbox.create_outbox('lat')")
-    await db.execute("SELECT mailbox.create_consumer_group('lat_g', 'lat', 'latest')")
+    await api.acreate_outbox(db, "lat")
+    await api.acreate_consumer_group(db, "lat_g", "lat", "latest")
     err = open(os.path.join(tmp, "latency.err"), "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [

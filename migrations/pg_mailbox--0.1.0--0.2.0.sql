@@ -498,27 +498,37 @@ $$;
 -- error "multiple primary keys"). Each partition has its own primary key and index instead
 -- (made by _create_outbox_objects); every query names the outbox, so it reads one partition.
 
--- An outbox by name, or 42704. Used by every function that takes an outbox name.
-CREATE OR REPLACE FUNCTION mailbox._outbox_key(p_outbox text)
-RETURNS int
+-- An outbox's catalog row by name: the one place that raises 22004 / 42704 for an outbox
+-- name, as mailbox._inbox_get (part 30) is for an inbox.
+CREATE OR REPLACE FUNCTION mailbox._outbox_get(p_outbox text)
+RETURNS mailbox._outbox
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_key int;
+    v_outbox mailbox._outbox;
 BEGIN
     IF p_outbox IS NULL THEN
         RAISE EXCEPTION 'outbox name must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the name of an outbox (see mailbox.outboxes).';
     END IF;
-    SELECT o.outbox_key INTO v_key FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
+    SELECT o.* INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox not found: %', p_outbox
             USING ERRCODE = '42704',
                   HINT = 'Create it with mailbox.create_outbox() or mailbox.enable_outbox(); mailbox.outboxes lists them.';
     END IF;
-    RETURN v_key;
+    RETURN v_outbox;
 END
+$$;
+
+-- Its key, for the many callers that need only that.
+CREATE OR REPLACE FUNCTION mailbox._outbox_key(p_outbox text)
+RETURNS int
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (mailbox._outbox_get(p_outbox)).outbox_key;
 $$;
 
 -- The names of an outbox's relations in schema mailbox, one home for them: 'log' its partition
@@ -2932,58 +2942,6 @@ END
 $$;
 COMMENT ON PROCEDURE mailbox.run_numberer(int) IS -- noqa: LT01
 'number new outbox rows and hand them to consumer groups in short transactions of its own, for p_seconds';
-
-CREATE OR REPLACE FUNCTION mailbox.schedule_numberer()
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- creates a pg_cron job that runs as the extension owner
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_job bigint;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
-        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
-            USING ERRCODE = '55000',
-                  HINT = 'Install pg_cron, or run "pg-mailbox numberer" (or a relay, which runs it too).';
-    END IF;
-    -- one job per database, replaced when scheduled again; each run lasts 59 s, so the next
-    -- minute's run finds the lock free
-    EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)'
-       INTO v_job
-      USING 'pg_mailbox_numberer:' || pg_catalog.current_database(), '* * * * *',
-            'CALL mailbox.run_numberer(59)', pg_catalog.current_database();
-    RETURN v_job;
-END
-$$;
-COMMENT ON FUNCTION mailbox.schedule_numberer() IS
-'run mailbox.run_numberer() continuously with pg_cron (a job every minute); returns the job id';
-
-CREATE OR REPLACE FUNCTION mailbox.unschedule_numberer()
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- removes the pg_cron job made by schedule_numberer
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_done boolean := false;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
-        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
-            USING ERRCODE = '55000', HINT = 'Nothing is scheduled without pg_cron.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM cron.job WHERE jobname = 'pg_mailbox_numberer:' || pg_catalog.current_database()) THEN
-        EXECUTE 'SELECT cron.unschedule($1)' INTO v_done
-          USING 'pg_mailbox_numberer:' || pg_catalog.current_database();
-    END IF;
-    RETURN v_done;
-END
-$$;
-COMMENT ON FUNCTION mailbox.unschedule_numberer() IS
-'remove the pg_cron job of mailbox.schedule_numberer(); false when there was none';
-
--- mailbox_admin runs the numberer (the relay and "pg-mailbox numberer" connect as it)
-REVOKE ALL ON PROCEDURE mailbox.run_numberer(int) FROM PUBLIC;
 
 -- sql/functions/25_outbox_status.sql
 -- Part 25: outbox status (after part 20, whose groups it reports).
@@ -6709,55 +6667,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION mailbox.schedule_maintenance(p_schedule text DEFAULT '* * * * *')
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- creates a pg_cron job that runs as the extension owner
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_job bigint;
-BEGIN
-    PERFORM mailbox._require(p_schedule, 'p_schedule');
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
-        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
-            USING ERRCODE = '55000',
-                  HINT = 'Install pg_cron (shared_preload_libraries and CREATE EXTENSION pg_cron), or run "pg-mailbox maintain" to call mailbox.run_maintenance() on an interval.';
-    END IF;
-    -- one job per database, replaced when scheduled again
-    EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)'
-       INTO v_job
-      USING 'pg_mailbox_maintenance:' || pg_catalog.current_database(), p_schedule,
-            'SELECT mailbox.run_maintenance()', pg_catalog.current_database();
-    RETURN v_job;
-END
-$$;
-COMMENT ON FUNCTION mailbox.schedule_maintenance(text) IS
-'run mailbox.run_maintenance() on a cron schedule with pg_cron; returns the job id';
-
-CREATE OR REPLACE FUNCTION mailbox.unschedule_maintenance()
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- removes the pg_cron job made by schedule_maintenance
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_done boolean := false;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
-        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
-            USING ERRCODE = '55000', HINT = 'Nothing is scheduled without pg_cron.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM cron.job WHERE jobname = 'pg_mailbox_maintenance:' || pg_catalog.current_database()) THEN
-        EXECUTE 'SELECT cron.unschedule($1)' INTO v_done
-          USING 'pg_mailbox_maintenance:' || pg_catalog.current_database();
-    END IF;
-    RETURN v_done;
-END
-$$;
-COMMENT ON FUNCTION mailbox.unschedule_maintenance() IS
-'remove the pg_cron job of mailbox.schedule_maintenance(); false when there was none';
-
 -- sql/functions/41_outbox_retention.sql
 -- Part 41: outbox retention, the statements maintenance (plpython outbox_maintenance.py)
 -- orchestrates.
@@ -7104,6 +7013,108 @@ AS $$
     SELECT pg_catalog.count(*) FROM gone;
 $$;
 
+-- sql/functions/44_schedules.sql
+-- Part 44: pg_cron jobs. pg_mailbox schedules two kinds, one job per database each:
+-- 'maintenance' (mailbox.run_maintenance() on the caller's schedule) and 'numberer'
+-- (CALL mailbox.run_numberer(59) every minute, so the next run finds the lock free). A job
+-- is named pg_mailbox_<kind>:<database> and replaced when scheduled again; without pg_cron
+-- both calls are 55000 with a HINT naming the command that does the job instead.
+
+CREATE OR REPLACE FUNCTION mailbox._cron_schedule(p_kind text, p_schedule text, p_command text, p_hint text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_job bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
+            USING ERRCODE = '55000', HINT = p_hint;
+    END IF;
+    EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)'
+       INTO v_job
+      USING 'pg_mailbox_' || p_kind || ':' || pg_catalog.current_database(), p_schedule, p_command,
+            pg_catalog.current_database();
+    RETURN v_job;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._cron_unschedule(p_kind text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_name text := 'pg_mailbox_' || p_kind || ':' || pg_catalog.current_database();
+    v_done boolean := false;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+        RAISE EXCEPTION 'pg_cron is not installed in database %', pg_catalog.current_database()
+            USING ERRCODE = '55000', HINT = 'Nothing is scheduled without pg_cron.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM cron.job WHERE jobname = v_name) THEN
+        EXECUTE 'SELECT cron.unschedule($1)' INTO v_done USING v_name;
+    END IF;
+    RETURN v_done;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox.schedule_maintenance(p_schedule text DEFAULT '* * * * *')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- creates a pg_cron job that runs as the extension owner
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._require(p_schedule, 'p_schedule');
+    RETURN mailbox._cron_schedule('maintenance', p_schedule, 'SELECT mailbox.run_maintenance()',
+        'Install pg_cron (shared_preload_libraries and CREATE EXTENSION pg_cron), or run "pg-mailbox maintain" to call mailbox.run_maintenance() on an interval.');
+END
+$$;
+COMMENT ON FUNCTION mailbox.schedule_maintenance(text) IS
+'run mailbox.run_maintenance() on a cron schedule with pg_cron; returns the job id';
+
+CREATE OR REPLACE FUNCTION mailbox.unschedule_maintenance()
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- removes the pg_cron job made by schedule_maintenance
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RETURN mailbox._cron_unschedule('maintenance');
+END
+$$;
+COMMENT ON FUNCTION mailbox.unschedule_maintenance() IS
+'remove the pg_cron job of mailbox.schedule_maintenance(); false when there was none';
+
+CREATE OR REPLACE FUNCTION mailbox.schedule_numberer()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- creates a pg_cron job that runs as the extension owner
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RETURN mailbox._cron_schedule('numberer', '* * * * *', 'CALL mailbox.run_numberer(59)',
+        'Install pg_cron, or run "pg-mailbox numberer" (or a relay, which runs it too).');
+END
+$$;
+COMMENT ON FUNCTION mailbox.schedule_numberer() IS
+'run mailbox.run_numberer() continuously with pg_cron (a job every minute); returns the job id';
+
+CREATE OR REPLACE FUNCTION mailbox.unschedule_numberer()
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- removes the pg_cron job made by schedule_numberer
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RETURN mailbox._cron_unschedule('numberer');
+END
+$$;
+COMMENT ON FUNCTION mailbox.unschedule_numberer() IS
+'remove the pg_cron job of mailbox.schedule_numberer(); false when there was none';
+
 -- sql/90_privileges.sql
 -- Part 90: who may call what (SPEC §0), every grant of the extension's own objects in one
 -- place (the per-object grants that inboxes and captured tables get at run time are made by
@@ -7125,6 +7136,7 @@ BEGIN
     END LOOP;
 END
 $revoke$;
+REVOKE ALL ON ALL PROCEDURES IN SCHEMA mailbox FROM PUBLIC;
 -- (upgrade) REVOKE ALL ON ALL TABLES IN SCHEMA mailbox FROM PUBLIC; -- on the extension's members only
 DO $revoke$
 DECLARE
@@ -7197,15 +7209,14 @@ TO mailbox_consumer;
 GRANT SELECT ON mailbox.consumer_status, mailbox.consumer_group_lag, mailbox.consumer_active_leases
 TO mailbox_consumer;
 
--- 24_groups_numberer.sql
+-- 24_groups_numberer.sql: mailbox_admin runs the numberer (the relay and
+-- "pg-mailbox numberer" connect as it)
 GRANT EXECUTE ON PROCEDURE mailbox.run_numberer(int) TO mailbox_admin;
 GRANT EXECUTE ON FUNCTION
     mailbox._numberer_start(int),
     mailbox._numberer_beat(boolean),
     mailbox._numberer_pass(),
-    mailbox._numberer_has_waiters(),
-    mailbox.schedule_numberer(),
-    mailbox.unschedule_numberer()
+    mailbox._numberer_has_waiters()
 TO mailbox_admin;
 
 -- 27_groups_partition_commit.sql
@@ -7254,7 +7265,13 @@ GRANT EXECUTE ON FUNCTION mailbox.inbox_status(text) TO mailbox_admin;
 
 -- 40_maintenance.sql
 GRANT EXECUTE ON FUNCTION mailbox.run_maintenance() TO mailbox_admin;
-GRANT EXECUTE ON FUNCTION mailbox.schedule_maintenance(text), mailbox.unschedule_maintenance() TO mailbox_admin;
+-- 44_schedules.sql
+GRANT EXECUTE ON FUNCTION
+    mailbox.schedule_maintenance(text),
+    mailbox.unschedule_maintenance(),
+    mailbox.schedule_numberer(),
+    mailbox.unschedule_numberer()
+TO mailbox_admin;
 
 -- sql/upgrade/regenerate.sql
 -- The end of every upgrade script (scripts/build-upgrade.py), after the functions and the

@@ -4,6 +4,7 @@
 -- role sections, the grants of each part under its name.
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA mailbox FROM PUBLIC;
+REVOKE ALL ON ALL PROCEDURES IN SCHEMA mailbox FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA mailbox FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA mailbox FROM PUBLIC;
 
@@ -48,15 +49,14 @@ TO mailbox_consumer;
 GRANT SELECT ON mailbox.consumer_status, mailbox.consumer_group_lag, mailbox.consumer_active_leases
 TO mailbox_consumer;
 
--- 24_groups_numberer.sql
+-- 24_groups_numberer.sql: mailbox_admin runs the numberer (the relay and
+-- "pg-mailbox numberer" connect as it)
 GRANT EXECUTE ON PROCEDURE mailbox.run_numberer(int) TO mailbox_admin;
 GRANT EXECUTE ON FUNCTION
     mailbox._numberer_start(int),
     mailbox._numberer_beat(boolean),
     mailbox._numberer_pass(),
-    mailbox._numberer_has_waiters(),
-    mailbox.schedule_numberer(),
-    mailbox.unschedule_numberer()
+    mailbox._numberer_has_waiters()
 TO mailbox_admin;
 
 -- 27_groups_partition_commit.sql
@@ -105,4 +105,10 @@ GRANT EXECUTE ON FUNCTION mailbox.inbox_status(text) TO mailbox_admin;
 
 -- 40_maintenance.sql
 GRANT EXECUTE ON FUNCTION mailbox.run_maintenance() TO mailbox_admin;
-GRANT EXECUTE ON FUNCTION mailbox.schedule_maintenance(text), mailbox.unschedule_maintenance() TO mailbox_admin;
+-- 44_schedules.sql
+GRANT EXECUTE ON FUNCTION
+    mailbox.schedule_maintenance(text),
+    mailbox.unschedule_maintenance(),
+    mailbox.schedule_numberer(),
+    mailbox.unschedule_numberer()
+TO mailbox_admin;

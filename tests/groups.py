@@ -5,19 +5,18 @@ import time
 
 import psycopg
 
+from pg_mailbox import api
+
 
 def poll(conn, group, consumer, batch=100, visibility=30):
-    """Offsets (and payloads) leased by one poll_outbox call."""
-    return conn.execute(
-        "SELECT outbox_id, payload FROM mailbox.poll_outbox(%s, %s, %s, %s)",
-        [group, consumer, batch, visibility],
-    ).fetchall()
+    """Offsets (and payloads) leased by one poll_outbox call (through the client API)."""
+    return [
+        (r.outbox_id, r.payload) for r in api.poll_outbox(conn, group, consumer, batch, visibility)
+    ]
 
 
 def commit(conn, group, consumer, offset):
-    return conn.execute(
-        "SELECT mailbox.commit_offset(%s, %s, %s)", [group, consumer, offset]
-    ).fetchone()[0]
+    return api.commit_offset(conn, group, consumer, offset)
 
 
 def publish(conn, outbox, n, tag="x"):

@@ -131,6 +131,9 @@ SQL_CREATE_INBOX = "SELECT mailbox.create_inbox(%s)"
 SQL_DROP_INBOX = "SELECT mailbox.drop_inbox(%s, %s, %s)"
 SQL_OUTBOX_EXISTS = "SELECT count(*) FROM mailbox.outboxes WHERE outbox_name = %s"
 SQL_RUN_NUMBERER = "CALL mailbox.run_numberer(%s)"
+SQL_CREATE_OUTBOX = "SELECT mailbox.create_outbox(%s, %s, %s, %s)"
+SQL_PUBLISH = "SELECT mailbox.outbox_publish(%s, %s, %s, %s, %s)"
+SQL_PUBLISH_BATCH = "SELECT count(*) FROM mailbox.outbox_publish_batch(%s, %s::jsonb[], %s, %s, %s)"
 
 
 def _receive_params(inbox: str, msg: dict) -> list:
@@ -225,6 +228,42 @@ def drop_outbox(conn: psycopg.Connection, outbox: str, if_exists: bool = False) 
 
 def outbox_exists(conn: psycopg.Connection, outbox: str) -> bool:
     return conn.execute(SQL_OUTBOX_EXISTS, [outbox]).fetchone()[0] > 0
+
+
+def create_outbox(
+    conn: psycopg.Connection,
+    outbox: str,
+    retention_hours: int = 24,
+    inline_threshold_rows: int | None = None,
+    partitions: int = 1,
+) -> None:
+    conn.execute(SQL_CREATE_OUTBOX, [outbox, retention_hours, inline_threshold_rows, partitions])
+
+
+def outbox_publish(
+    conn: psycopg.Connection,
+    outbox: str,
+    payload: Any,
+    event_type: str | None = None,
+    key: str | None = None,
+    headers: dict | None = None,
+) -> UUID:
+    """Publish one event in the caller's transaction; returns its event_id."""
+    params = [outbox, _jsonb(payload), _jsonb(headers or {}), key, event_type]
+    return conn.execute(SQL_PUBLISH, params).fetchone()[0]
+
+
+def outbox_publish_batch(
+    conn: psycopg.Connection,
+    outbox: str,
+    payloads: list,
+    event_type: str | None = None,
+    key: str | None = None,
+    headers: dict | None = None,
+) -> int:
+    """Publish many events with one statement (same type, key and headers); returns how many."""
+    params = [outbox, [_jsonb(p) for p in payloads], _jsonb(headers or {}), key, event_type]
+    return conn.execute(SQL_PUBLISH_BATCH, params).fetchone()[0]
 
 
 def create_inbox(conn: psycopg.Connection, inbox: str) -> None:
@@ -383,6 +422,18 @@ async def aoutbox_park(
     conn: psycopg.AsyncConnection, group: str, consumer: str, outbox_id: int, reason: str
 ) -> None:
     await conn.execute(SQL_PARK, [group, consumer, outbox_id, reason])
+
+
+async def acreate_outbox(
+    conn: psycopg.AsyncConnection,
+    outbox: str,
+    retention_hours: int = 24,
+    inline_threshold_rows: int | None = None,
+    partitions: int = 1,
+) -> None:
+    await conn.execute(
+        SQL_CREATE_OUTBOX, [outbox, retention_hours, inline_threshold_rows, partitions]
+    )
 
 
 async def acreate_consumer_group(

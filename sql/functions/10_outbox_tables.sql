@@ -14,27 +14,37 @@
 -- error "multiple primary keys"). Each partition has its own primary key and index instead
 -- (made by _create_outbox_objects); every query names the outbox, so it reads one partition.
 
--- An outbox by name, or 42704. Used by every function that takes an outbox name.
-CREATE FUNCTION mailbox._outbox_key(p_outbox text)
-RETURNS int
+-- An outbox's catalog row by name: the one place that raises 22004 / 42704 for an outbox
+-- name, as mailbox._inbox_get (part 30) is for an inbox.
+CREATE FUNCTION mailbox._outbox_get(p_outbox text)
+RETURNS mailbox._outbox
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_key int;
+    v_outbox mailbox._outbox;
 BEGIN
     IF p_outbox IS NULL THEN
         RAISE EXCEPTION 'outbox name must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the name of an outbox (see mailbox.outboxes).';
     END IF;
-    SELECT o.outbox_key INTO v_key FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
+    SELECT o.* INTO v_outbox FROM mailbox._outbox AS o WHERE o.outbox_name = p_outbox;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outbox not found: %', p_outbox
             USING ERRCODE = '42704',
                   HINT = 'Create it with mailbox.create_outbox() or mailbox.enable_outbox(); mailbox.outboxes lists them.';
     END IF;
-    RETURN v_key;
+    RETURN v_outbox;
 END
+$$;
+
+-- Its key, for the many callers that need only that.
+CREATE FUNCTION mailbox._outbox_key(p_outbox text)
+RETURNS int
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (mailbox._outbox_get(p_outbox)).outbox_key;
 $$;
 
 -- The names of an outbox's relations in schema mailbox, one home for them: 'log' its partition

@@ -4,7 +4,7 @@ cycle, the inbox, and the numberer call (docs/relay.md, "Using pg_mailbox.api").
 import threading
 
 import psycopg
-from mbx import raises, scalar
+from mbx import raises, rows, scalar
 
 from pg_mailbox import api
 
@@ -46,3 +46,23 @@ def test_run_numberer_numbers_what_a_producer_commits(db, dsn):
         t.join(30)
         assert not t.is_alive()
     assert scalar(db, "SELECT count(outbox_id) FROM mailbox.outbox_e") == 5
+
+
+def test_create_outbox_and_publish_through_the_api(db):
+    api.create_outbox(db, "events", retention_hours=1, partitions=4)
+    status = api.outbox_status(db, "events")
+    assert status["retention_hours"] == 1
+    assert scalar(db, "SELECT partitions FROM mailbox._outbox_partitioning") == 4
+    event_id = api.outbox_publish(
+        db, "events", {"n": 1}, event_type="created", key="k1", headers={"h": "v"}
+    )
+    assert api.outbox_publish_batch(db, "events", [{"n": 2}, {"n": 3}], key="k2") == 2
+    got = rows(
+        db,
+        "SELECT event_id, event_type, key, headers, payload FROM mailbox.outbox_events"
+        " ORDER BY payload ->> 'n'",
+    )
+    assert got[0] == (event_id, "created", "k1", {"h": "v"}, {"n": 1})
+    assert [(r[2], r[4]) for r in got[1:]] == [("k2", {"n": 2}), ("k2", {"n": 3})]
+    with raises("42710"):
+        api.create_outbox(db, "events")
