@@ -8,11 +8,11 @@ run() { echo "lint: $*"; "$@" || status=1; }
 
 run .venv/bin/ruff check .
 run .venv/bin/ruff format --check .
-# Frozen full install scripts in migrations/ (pg_mailbox--A.sql) were linted as sql/ parts
-# when released; lint the parts and the upgrade scripts. nullglob: git keeps no empty
-# directories, so migrations/ may hold nothing or not exist.
+# The sources only: the scripts in migrations/ are built from them (the full scripts and the
+# upgrades by scripts/build-upgrade.py) and released ones never change. nullglob: git keeps
+# no empty directories.
 shopt -s nullglob
-sql_files=(sql/*.sql migrations/pg_mailbox--*--*.sql)
+sql_files=(sql/*.sql sql/schema/*.sql sql/functions/*.sql sql/upgrade/*.sql)
 if [ ${#sql_files[@]} -gt 0 ]; then
     run .venv/bin/sqlfluff lint --disable-progress-bar --nocolor "${sql_files[@]}"
 fi

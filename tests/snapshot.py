@@ -13,6 +13,9 @@ fresh install has it, or `SELECT *` differs between the two.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import psycopg
 from psycopg.rows import dict_row
 
@@ -327,3 +330,15 @@ def schema_snapshot(conn: psycopg.Connection, *, bodies: bool = True) -> str:
             sorted(_other_members(cur, ext)),
         ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+
+
+def upgrade_sources(repo: Path | None = None) -> list[str]:
+    """Versions with an upgrade script into the default version in migrations/ (0.1.0 for
+    0.2.0): the old versions the upgrade tests install."""
+    repo = repo or Path(__file__).resolve().parents[1]
+    control = (repo / f"{EXTENSION}.control").read_text()
+    version = re.search(r"^\s*default_version\s*=\s*'([^']+)'", control, re.MULTILINE).group(1)
+    return sorted(
+        p.name.removeprefix(f"{EXTENSION}--").removesuffix(f"--{version}.sql")
+        for p in (repo / "migrations").glob(f"{EXTENSION}--*--{version}.sql")
+    )

@@ -4,4 +4,4 @@ Every function here takes ``plpy`` as its first argument instead of importing it
 modules import and unit-test outside PostgreSQL with a fake ``plpy``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -69,7 +69,7 @@ def call_sites():
         re.compile(r"_setting_default\('(\w+)'\)"),
     ]
     sites = []
-    files = sorted((ROOT / "sql").glob("*.sql")) + sorted(
+    files = sorted((ROOT / "sql").glob("**/*.sql")) + sorted(
         (ROOT / "plpython" / "mailbox_server").glob("*.py")
     )
     for f in files:
@@ -93,7 +93,7 @@ def test_every_setting_read_in_the_code_is_in_the_registry_with_its_kind(db):
 
 
 def test_no_call_site_repeats_a_default_or_a_bound():
-    for f in sorted((ROOT / "sql").glob("*.sql")) + sorted(
+    for f in sorted((ROOT / "sql").glob("**/*.sql")) + sorted(
         (ROOT / "plpython" / "mailbox_server").glob("*.py")
     ):
         text = f.read_text()

@@ -3,7 +3,11 @@
 import re
 from pathlib import Path
 
+import psycopg
+import pytest
 from mbx import raises, scalar
+from psycopg import sql
+from snapshot import upgrade_sources
 
 CONTROL = Path(__file__).resolve().parents[2] / "pg_mailbox.control"
 VERSION = re.search(r"default_version\s*=\s*'([^']+)'", CONTROL.read_text()).group(1)
@@ -67,3 +71,24 @@ def test_unwrap_raises_the_envelope_error_with_its_fields(db):
         "h",
     )
     assert scalar(db, "SELECT mailbox._unwrap('{\"result\": [1]}')") == [1]
+
+
+@pytest.mark.parametrize("old", upgrade_sources())
+def test_a_database_on_an_older_version_loads_its_own_python(fresh_dsn, old):
+    """Installing a new version leaves the old one's Python in python/<old>/: a database
+    still on the old version runs it, and the same session, once the database is updated,
+    reloads the new version's on its next call (the version guard)."""
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(sql.Literal(old))
+        )
+        conn.execute("SELECT mailbox.create_outbox('e')")
+        assert scalar(conn, "SELECT mailbox.outbox_status('e')")["outbox"] == "e"
+        version, path = loaded_version(conn).split(" ", 1)
+        assert version == old
+        assert f"/extension/pg_mailbox/python/{old}/mailbox_server/" in path
+        conn.execute("ALTER EXTENSION pg_mailbox UPDATE")
+        assert scalar(conn, "SELECT mailbox.outbox_status('e')")["outbox"] == "e"
+        version, path = loaded_version(conn).split(" ", 1)
+        assert version == VERSION
+        assert f"/extension/pg_mailbox/python/{VERSION}/mailbox_server/" in path

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dumps import _new_database
 from psycopg import sql
 from snapshot import schema_snapshot
 
@@ -73,7 +74,11 @@ def test_every_migration_leads_to_the_default_version(fresh_dsn):
     assert frozen <= set(upgrades), "a frozen full script without an upgrade from its version"
 
 
-def test_upgrades_equal_a_fresh_install(fresh_dsn, dsn):
+def test_upgrades_equal_a_fresh_install(fresh_dsn, dsn, pg_cluster):
+    """Every version with an update path (pg_extension_update_paths), installed from its
+    frozen script into a database of its own and updated, describes itself exactly as a
+    fresh install does: functions with signatures, attributes and bodies, tables, views,
+    indexes, types, grants, the mailbox_* roles."""
     with psycopg.connect(fresh_dsn, autocommit=True) as conn:
         paths = update_paths(conn)
     if not paths:
@@ -85,7 +90,10 @@ def test_upgrades_equal_a_fresh_install(fresh_dsn, dsn):
     fresh = fresh_snapshot(dsn, bodies=True)
     failures = []
     for source, path in sorted(paths.items()):
-        with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        with (
+            _new_database(pg_cluster.dsn()) as old_dsn,
+            psycopg.connect(old_dsn, autocommit=True) as conn,
+        ):
             try:
                 conn.execute(
                     sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(
@@ -97,9 +105,14 @@ def test_upgrades_equal_a_fresh_install(fresh_dsn, dsn):
                     f"cannot install old version {source} ({exc}): keep its released install"
                     f" script frozen as migrations/pg_mailbox--{source}.sql"
                 )
+            before = schema_snapshot(conn, bodies=True)
             conn.execute("ALTER EXTENSION pg_mailbox UPDATE")
+            version = conn.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'pg_mailbox'"
+            ).fetchone()[0]
+            assert version == default_version(), f"{source} updated to {version}"
             upgraded = schema_snapshot(conn, bodies=True)
-            conn.execute("DROP EXTENSION pg_mailbox CASCADE")
+        assert before != fresh, f"{source}'s frozen script installs the current version"
         if upgraded != fresh:
             failures.append(f"{source} via {path}:\n" + diff(fresh, upgraded, ("fresh", source)))
     assert not failures, "upgraded install differs from fresh install:\n" + "\n".join(failures)

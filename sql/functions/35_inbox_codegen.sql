@@ -40,14 +40,6 @@
 --   * are executable by nobody but their owner (the extension owner is a superuser);
 --   * are dropped by drop_inbox.
 
--- What the generated processed function returns: the id of the message it marked (NULL when
--- none) and, for ordering, its aggregate and sequence.
-CREATE TYPE mailbox._inbox_done AS (event_id text, aggregate_id text, sequence_num bigint);
-
--- What the generated failed function returns: the id and new retry count of the message whose
--- failure it counted, or no id and why not ('missing', 'processed', 'dead').
-CREATE TYPE mailbox._inbox_attempt AS (event_id text, retry_count int, state text);
-
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
 CREATE FUNCTION mailbox._inbox_fn_names(p_inbox mailbox._inbox)
 RETURNS text[]

@@ -22,16 +22,6 @@
 -- delivered up to one poll interval later.
 -- The table is UNLOGGED: it is soft state, rebuilt by the next empty poll after a crash.
 
-CREATE UNLOGGED TABLE mailbox._outbox_waiter (
-    outbox_key int NOT NULL,
-    group_name text NOT NULL,
-    consumer_id text NOT NULL,
-    waiting_until timestamptz NOT NULL,
-    PRIMARY KEY (outbox_key, group_name, consumer_id)
-);
-COMMENT ON TABLE mailbox._outbox_waiter IS
-'pg_mailbox: consumers waiting for a wake-up (their last poll was empty); producers notify only while one is';
-
 -- Whether a producer of outbox p_key should notify. Inlined by the hot paths; this helper is
 -- for the rest (snapshots, publish_batch).
 CREATE FUNCTION mailbox._outbox_has_waiter(p_key int)

@@ -82,12 +82,6 @@ $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';
 
--- One claimed message, as inbox_claim returns it (without the lease).
-CREATE TYPE mailbox._inbox_message AS (
-    event_id text, event_type text, source text, aggregate_id text, sequence_num bigint, priority int,
-    payload jsonb, headers jsonb, trace_id text, retry_count int, received_at timestamptz
-);
-
 CREATE FUNCTION mailbox.inbox_claim(
     p_inbox text, p_worker text, p_batch_size int DEFAULT 10, p_visibility_seconds int DEFAULT 30
 )

@@ -25,17 +25,6 @@
 -- then number inline. Without a numberer, polls number inline and allocate under the group
 -- row's lock, as before; an installation without a numberer behaves as it always did.
 
--- Written only by mailbox._numberer_beat() (a definer), one row; UNLOGGED: it means nothing
--- after a crash, and its updates cost no WAL.
-CREATE UNLOGGED TABLE mailbox._numberer_heartbeat (
-    singleton boolean PRIMARY KEY DEFAULT TRUE CHECK (singleton),
-    pid int NOT NULL,
-    beat_at timestamptz
-);
--- dumped like every extension table (tests/upgrade/test_dump_restore.py); a restored beat is older
--- than 2 s, so it means nothing
-SELECT pg_catalog.pg_extension_config_dump('mailbox._numberer_heartbeat', '');
-
 -- The numberer's heartbeat: p_alive false clears it as its run ends.
 CREATE FUNCTION mailbox._numberer_beat(p_alive boolean)
 RETURNS void

@@ -29,17 +29,6 @@
 -- layout and boundary: it has delivered nothing above its boundary, so it switches straight
 -- to the newest count (and needs no switch at all when that is its own count again).
 
-CREATE TABLE mailbox._partition_change (
-    group_name text PRIMARY KEY REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
-    -- the count this group still uses, for the rows up to boundary
-    partitions int NOT NULL CHECK (partitions BETWEEN 1 AND 256),
-    boundary bigint NOT NULL,
-    changed_at timestamptz NOT NULL DEFAULT pg_catalog.now()
-);
-COMMENT ON TABLE mailbox._partition_change IS
-'pg_mailbox: groups still draining their old partition layout after alter_outbox_partitions';
-SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_change', '');
-
 -- The partition count a group uses now: its old one while it drains a change, else its
 -- outbox's.
 CREATE FUNCTION mailbox._group_partitions(p_group text, p_key int)

@@ -7,15 +7,6 @@
 -- Settings are custom GUCs: an unset GUC means the default; a value that does not parse or
 -- is out of range is an error naming the GUC (22023), never a silent default.
 
--- The registry is a VALUES list in an IMMUTABLE SQL function rather than a table: it is part
--- of the code of a version (an upgrade replaces it with the functions), it needs no grant to
--- be read by code that runs as a table owner (capture), and the planner inlines it. It has
--- no SET search_path because that would stop the inlining; it references nothing by name.
-CREATE TYPE mailbox._setting AS (
-    name text, kind text, default_value text, min_value bigint, max_value bigint,
-    area text, description text
-);
-
 CREATE FUNCTION mailbox._settings()
 RETURNS SETOF mailbox._setting
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SECURITY INVOKER

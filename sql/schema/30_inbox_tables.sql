@@ -1,0 +1,132 @@
+-- Part 30, schema: the tables and types of sql/functions/30_inbox_tables.sql (run once; see
+-- docs/development.md, "Schema and functions").
+
+CREATE TABLE mailbox._inbox (
+    inbox_key int GENERATED ALWAYS AS IDENTITY UNIQUE,
+    inbox_name text PRIMARY KEY,
+    table_rel regclass NOT NULL UNIQUE,
+    schema_name text NOT NULL,
+    table_name text NOT NULL,
+    is_managed boolean NOT NULL,
+    -- role -> column name, e.g. {"event_id": "msg_id", "processed_at": "done_at"}; a role
+    -- without a column (adopted tables) is absent
+    columns jsonb NOT NULL,
+    -- roles whose text argument is CAST to the column's type: role -> format_type() of the
+    -- column (a uuid or integer id, say); catalog output, never caller text
+    casts jsonb NOT NULL DEFAULT '{}',
+    max_retries int NOT NULL CHECK (max_retries >= 1),
+    -- processed-row retention; NULL means mailbox.inbox_processed_retention_hours
+    retention_hours int CHECK (retention_hours >= 0),
+    schedule text,
+    with_dead_letter boolean NOT NULL DEFAULT TRUE,
+    with_stats boolean NOT NULL DEFAULT TRUE,
+    -- ordering: NULL when off, else the first sequence number of a new aggregate
+    ordering_first_sequence bigint,
+    -- priority: NULL when off, else the validated tiers [{"name", "min", "max"}, ...]
+    priority_tiers jsonb,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE mailbox._inbox IS 'pg_mailbox catalog: one row per inbox and its column mapping';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_inbox_key_seq', '');
+
+-- A row exists while a message is leased (claimed) or waiting for its retry time. A message
+-- is claimable when it has no row, or its row's lease and retry time have both passed.
+-- leased_by_pid is the backend that claimed it: inbox_mark_failed has no worker argument
+-- (SPEC §3.1), so it tells the lease holder's own failure report (which ends the lease)
+-- from a late one of a worker whose lease expired (which must not end another worker's
+-- live lease; see docs/design.md §7.1).
+CREATE TABLE mailbox._inbox_lease (
+    inbox_key int NOT NULL,
+    event_id text NOT NULL,
+    lease_until timestamptz,
+    leased_by text,
+    next_attempt_at timestamptz,
+    leased_by_pid int,
+    PRIMARY KEY (inbox_key, event_id)
+) WITH (fillfactor = 70);
+COMMENT ON TABLE mailbox._inbox_lease IS
+'pg_mailbox: inbox messages that are leased by a worker or wait for their retry time';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_lease', '');
+
+-- Claims not yet settled: one row per inbox_claim call of an open transaction (READ
+-- COMMITTED, unordered inbox; see part 37, "claim settle"). A claim locks its messages and
+-- writes this one row instead of a lease row per message; at commit a deferred trigger
+-- turns the messages still pending into lease rows (the claim outlives its transaction) and
+-- deletes the row, so a claim whose messages are marked in its own transaction writes no
+-- lease at all. Rows are only ever visible to their own transaction.
+CREATE TABLE mailbox._inbox_open_claim (
+    claim_no bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    inbox_key int NOT NULL,
+    event_ids text[] NOT NULL,
+    lease_until timestamptz NOT NULL,
+    leased_by text NOT NULL,
+    leased_by_pid int NOT NULL
+);
+COMMENT ON TABLE mailbox._inbox_open_claim IS
+'pg_mailbox: inbox claims of open transactions, settled into leases at commit';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim_claim_no_seq', '');
+
+-- Ordering state: the highest sequence processed per aggregate. Ordering reads this instead
+-- of the processed history, so its cost does not grow with history (and survives retention).
+CREATE TABLE mailbox._inbox_aggregate (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    last_seq bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (inbox_key, aggregate_id)
+) WITH (fillfactor = 70);
+COMMENT ON TABLE mailbox._inbox_aggregate IS
+'pg_mailbox: highest processed sequence number per aggregate of an ordered inbox';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_aggregate', '');
+
+-- Messages that reached the dead-letter queue and were not yet announced; run_maintenance()
+-- turns them into inbox_dlq_message / inbox_dlq_batch alerts and deletes them.
+CREATE TABLE mailbox._inbox_dlq_event (
+    event_no bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    inbox_key int NOT NULL,
+    event_id text NOT NULL,
+    error text,
+    retry_count int,
+    dead_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+COMMENT ON TABLE mailbox._inbox_dlq_event IS
+'pg_mailbox: dead letters waiting to be announced by run_maintenance()';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_dlq_event', '');
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_dlq_event_event_no_seq', '');
+
+-- Ordering gaps already announced, so inbox_ordering_gap fires once per gap.
+CREATE TABLE mailbox._inbox_gap_alert (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    expected_seq bigint NOT NULL,
+    alerted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (inbox_key, aggregate_id, expected_seq)
+);
+COMMENT ON TABLE mailbox._inbox_gap_alert IS 'pg_mailbox: ordering gaps already announced';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_alert', '');
+
+-- Gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
+-- fold, and the aggregates touched since (insert-only, one row per statement with the array
+-- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
+-- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- and the receive path pays one heap insert per statement, nothing more.
+CREATE TABLE mailbox._inbox_gap (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    expected_seq bigint NOT NULL,
+    found_seq bigint NOT NULL,
+    found_received_at timestamptz,
+    PRIMARY KEY (inbox_key, aggregate_id, expected_seq)
+);
+COMMENT ON TABLE mailbox._inbox_gap IS 'pg_mailbox: ordering gaps of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
+
+CREATE TABLE mailbox._inbox_gap_touched (
+    inbox_key int NOT NULL,
+    aggregate_ids text[]
+);
+COMMENT ON TABLE mailbox._inbox_gap_touched IS
+'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_touched', '');

@@ -1,0 +1,54 @@
+-- Schema delta 0.1.0 -> 0.2.0, run first by pg_mailbox--0.1.0--0.2.0.sql (`make migration`;
+-- docs/development.md, "Schema and functions"). Everything sql/functions/ re-creates is
+-- re-created after this; what goes here is what CREATE OR REPLACE cannot do:
+--   * new tables, columns (at the end, as in sql/schema/), types, indexes, sequences, their
+--     pg_extension_config_dump() calls and comments, new roles;
+--   * DROP FUNCTION / DROP VIEW of objects 0.2.0 removes, renames, or whose result type,
+--     parameter names or defaults change (re-created afterwards from sql/functions/);
+--   * moving data between changed tables.
+-- Released upgrade scripts never change; this one may until 0.2.0 is released.
+
+-- New tables (sql/schema/, with their comments and config_dump calls).
+
+-- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
+-- fold, and the aggregates touched since (insert-only, one row per statement with the array
+-- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
+-- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- and the receive path pays one heap insert per statement, nothing more.
+CREATE TABLE mailbox._inbox_gap (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    expected_seq bigint NOT NULL,
+    found_seq bigint NOT NULL,
+    found_received_at timestamptz,
+    PRIMARY KEY (inbox_key, aggregate_id, expected_seq)
+);
+COMMENT ON TABLE mailbox._inbox_gap IS 'pg_mailbox: ordering gaps of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
+
+CREATE TABLE mailbox._inbox_gap_touched (
+    inbox_key int NOT NULL,
+    aggregate_ids text[]
+);
+COMMENT ON TABLE mailbox._inbox_gap_touched IS
+'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_touched', '');
+
+-- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
+CREATE TABLE mailbox._partition_change (
+    group_name text PRIMARY KEY REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
+    -- the count this group still uses, for the rows up to boundary
+    partitions int NOT NULL CHECK (partitions BETWEEN 1 AND 256),
+    boundary bigint NOT NULL,
+    changed_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE mailbox._partition_change IS
+'pg_mailbox: groups still draining their old partition layout after alter_outbox_partitions';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_change', '');
+
+-- Functions 0.2.0 no longer has (issue 12: the inbox role registry, _check_user_table): the
+-- re-created parts would leave them behind.
+DROP FUNCTION mailbox._check_capturable(oid);
+DROP FUNCTION mailbox._inbox_map_column(mailbox._inbox, text, text, text[]);
+DROP FUNCTION mailbox._inbox_tracking_py(oid, jsonb, jsonb);
+DROP FUNCTION mailbox._inbox_gaps_sql(mailbox._inbox, text);
