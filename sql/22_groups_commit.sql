@@ -26,7 +26,7 @@ BEGIN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
-    IF EXISTS (SELECT 1 FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = v_key) THEN
+    IF mailbox._group_partitions(p_group, v_key) > 1 THEN -- (the group's count: part 28)
         RETURN mailbox._commit_partitioned(p_group, p_consumer, p_last_offset, v_key, v_consumer.committed_offset);
     END IF;
     -- Without a numberer, commits and polls of a group take turns on its row, as the group
@@ -207,6 +207,8 @@ BEGIN
         v_new := least(greatest(v_new, v_low), v_head);
     END IF;
     DELETE FROM mailbox._lease WHERE group_name = p_group;
+    -- a group draining a change of the partition count (part 28) replays in the new one
+    DELETE FROM mailbox._partition_change AS x WHERE x.group_name = p_group;
     PERFORM mailbox._reset_partitions(p_group, v_group.outbox_key, v_new);
     UPDATE mailbox._consumer_group SET group_offset = v_new, delivered_offset = v_new WHERE group_name = p_group;
     UPDATE mailbox._consumer SET committed_offset = v_new WHERE group_name = p_group;

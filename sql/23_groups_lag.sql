@@ -73,7 +73,7 @@ BEGIN
            pg_catalog.now() - c.last_heartbeat_at < v_timeout
       FROM mailbox._consumer_group AS g
      CROSS JOIN LATERAL (
-           SELECT CASE WHEN mailbox._outbox_partitions(g.outbox_key) > 1
+           SELECT CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl WHERE pl.group_name = g.group_name)
                        THEN mailbox._partitioned_group_offset(g.group_name, g.outbox_key)
                        ELSE mailbox._group_offset(g.group_name, g.delivered_offset) END AS group_offset
      ) AS x

@@ -94,7 +94,9 @@ $$;
 
 -- Hands a group the offsets after its delivered offset up to p_head as slots, and stores
 -- its group offset. Skips a group whose row someone holds (a seek, a commit without a
--- numberer): the next pass does it. Returns the number of offsets handed out.
+-- numberer): the next pass does it. Only groups of one partition (part 28: a group draining
+-- a change of the partition count uses its old count, and gets slots up to the boundary).
+-- Returns the number of offsets handed out.
 CREATE FUNCTION mailbox._slot_groups(p_key int, p_head bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -107,24 +109,29 @@ DECLARE
     v_delivered bigint;
     v_offset bigint;
     v_total bigint := 0;
+    v_head bigint;
 BEGIN
     FOR v_group, v_stored IN
         SELECT g.group_name, g.group_offset FROM mailbox._consumer_group AS g
          WHERE g.outbox_key = p_key
            AND (g.delivered_offset < p_head
                 OR g.group_offset <> mailbox._group_offset(g.group_name, g.delivered_offset))
+           AND mailbox._group_partitions(g.group_name, p_key) = 1
          ORDER BY g.group_name
     LOOP
         SELECT g.delivered_offset INTO v_delivered FROM mailbox._consumer_group AS g
          WHERE g.group_name = v_group
            FOR NO KEY UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
-        IF v_delivered < p_head THEN
+        -- read again under the group's lock, which a partition change's switch takes too
+        CONTINUE WHEN mailbox._group_partitions(v_group, p_key) > 1;
+        v_head := least(p_head, mailbox._group_head(v_group, p_key));
+        IF v_delivered < v_head THEN
             INSERT INTO mailbox._lease (group_name, first_offset, last_offset, consumer_id, lease_until)
-            SELECT v_group, s, least(s + v_slot - 1, p_head), NULL, NULL
-              FROM pg_catalog.generate_series(v_delivered + 1, p_head, v_slot) AS s;
-            v_total := v_total + (p_head - v_delivered);
-            v_delivered := p_head;
+            SELECT v_group, s, least(s + v_slot - 1, v_head), NULL, NULL
+              FROM pg_catalog.generate_series(v_delivered + 1, v_head, v_slot) AS s;
+            v_total := v_total + (v_head - v_delivered);
+            v_delivered := v_head;
         END IF;
         v_offset := mailbox._group_offset(v_group, v_delivered);
         UPDATE mailbox._consumer_group AS g
@@ -155,14 +162,22 @@ BEGIN
         v_n := mailbox._sequence_outbox(v_key, 10000);
         v_total := v_total + v_n;
         v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_key);
-        IF mailbox._outbox_partitions(v_key) > 1 THEN
-            -- partitioned groups read the numbered rows by partition: no slots (part 26)
-            v_slotted := v_n;
+        -- groups that drained a change of the partition count switch to the new one (part 28)
+        v_slotted := (SELECT pg_catalog.count(*) FROM mailbox._partition_change AS x
+                        JOIN mailbox._consumer_group AS g ON g.group_name = x.group_name
+                       WHERE g.outbox_key = v_key
+                         AND mailbox._finish_partition_change(x.group_name, v_key, FALSE));
+        -- partitioned groups read the numbered rows by partition: no slots (part 26); a group
+        -- draining a change of the partition count uses its old count (part 28)
+        IF EXISTS (SELECT 1 FROM mailbox._consumer_group AS g
+                    WHERE g.outbox_key = v_key AND mailbox._group_partitions(g.group_name, v_key) > 1) THEN
+            v_slotted := v_slotted + v_n;
             PERFORM mailbox._store_partitioned_group_offset(g.group_name, v_key)
-               FROM mailbox._consumer_group AS g WHERE g.outbox_key = v_key ORDER BY g.group_name;
-        ELSE
-            v_slotted := mailbox._slot_groups(v_key, v_head);
+               FROM mailbox._consumer_group AS g
+              WHERE g.outbox_key = v_key AND mailbox._group_partitions(g.group_name, v_key) > 1
+              ORDER BY g.group_name;
         END IF;
+        v_slotted := v_slotted + mailbox._slot_groups(v_key, v_head);
         v_total := v_total + v_slotted;
         IF v_slotted > 0 AND mailbox._outbox_has_waiter(v_key) THEN
             PERFORM pg_catalog.pg_notify('mailbox_outbox_new', v_name);

@@ -185,11 +185,13 @@ SECURITY DEFINER -- reads the log for the views of mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_parts int := mailbox._outbox_partitions(p_key);
+    -- the group's count and head (a group draining a partition change: its old count, up
+    -- to the boundary, part 28)
+    v_parts int := mailbox._group_partitions(p_group, p_key);
     v_ack bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
     v_rec record;
     v_from bigint;
-    v_head bigint := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+    v_head bigint := mailbox._group_head(p_group, p_key);
     v_next bigint;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM mailbox._consumer_group AS g
@@ -231,7 +233,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_key int := (SELECT g.outbox_key FROM mailbox._consumer_group AS g WHERE g.group_name = p_group);
-    v_parts int := mailbox._outbox_partitions(v_key);
+    v_parts int := mailbox._group_partitions(p_group, v_key); -- (part 28)
     v_ack bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
     v_del bigint[] := pg_catalog.array_fill(NULL::bigint, ARRAY[256]);
     v_rec record;
@@ -255,8 +257,7 @@ BEGIN
                   pg_catalog.count(*) FILTER (WHERE NOT EXISTS (
                       SELECT 1 FROM mailbox._outbox_parked AS k
                        WHERE k.group_name = p_group AND k.outbox_id = r.outbox_id)) AS lag
-             FROM mailbox._partition_rows(v_key, v_parts, v_from,
-                                          (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = v_key)) AS r
+             FROM mailbox._partition_rows(v_key, v_parts, v_from, mailbox._group_head(p_group, v_key)) AS r
             WHERE r.outbox_id > v_ack[r.partition + 1]
             GROUP BY r.partition
       ) AS c ON c.p = s.p;

@@ -135,6 +135,13 @@ BEGIN
          WHERE pl.group_name = p_group AND pl.part = v_rec.part;
         v_mine := v_mine || v_rec.part;
     END LOOP;
+    -- The partition count may have changed since the caller read it (part 28): a switch
+    -- locks every partition row, so once this poll holds one, the count read now stays.
+    IF pg_catalog.cardinality(v_mine) > 0 AND mailbox._group_partitions(p_group, p_key) <> p_parts THEN
+        RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
+            p_group, p_consumer, p_batch_size, p_visibility_seconds, p_key, mailbox._group_partitions(p_group, p_key));
+        RETURN;
+    END IF;
     IF pg_catalog.cardinality(v_mine) = 0 THEN
         INSERT INTO mailbox._outbox_waiter AS w (outbox_key, group_name, consumer_id, waiting_until)
         VALUES (p_key, p_group, p_consumer, v_now + least(mailbox._heartbeat_timeout(), interval '60 seconds'))
@@ -196,12 +203,13 @@ BEGIN
         END LOOP;
         SELECT pg_catalog.min(a), pg_catalog.max(a) INTO v_min, v_max FROM pg_catalog.unnest(v_ack) AS a;
         -- without a numberer, this poll numbers when its own partitions are near the head
-        v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+        -- (the head capped at the boundary of a partition change the group drains, part 28)
+        v_head := mailbox._group_head(p_group, p_key);
         -- (and, below, when it read the log up to the head without filling its batch)
         v_numbered := mailbox._numberer_alive();
         IF NOT v_numbered AND v_head < v_min + p_batch_size THEN
             PERFORM mailbox._sequence_outbox(p_key, greatest(p_batch_size, 1000));
-            v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+            v_head := mailbox._group_head(p_group, p_key);
             v_numbered := TRUE;
         END IF;
         IF pg_catalog.cardinality(v_mine) = p_parts AND v_min = v_max THEN
@@ -240,7 +248,7 @@ BEGIN
                     EXIT WHEN v_numbered;
                     v_numbered := TRUE;
                     EXIT WHEN mailbox._sequence_outbox(p_key, greatest(p_batch_size, 1000)) = 0;
-                    v_head := (SELECT o.head_offset FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
+                    v_head := mailbox._group_head(p_group, p_key);
                 END IF;
             END LOOP;
             IF pg_catalog.cardinality(v_offs) = 0 THEN

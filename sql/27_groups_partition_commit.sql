@@ -50,7 +50,7 @@ BEGIN
     END LOOP;
     v_n := 0;
     IF v_min IS NOT NULL THEN
-        v_parts_n := mailbox._outbox_partitions(p_key);
+        v_parts_n := mailbox._group_partitions(p_group, p_key);
         v_last := (SELECT pg_catalog.max(d) FROM pg_catalog.unnest(v_del) AS d);
         IF pg_catalog.cardinality(v_parts) = v_parts_n
            AND v_min = (SELECT pg_catalog.max(a) FROM pg_catalog.unnest(v_ack) AS a)

@@ -18,9 +18,9 @@ BEGIN
     PERFORM mailbox._authorize('outbox', v_key, 'consume');
     PERFORM mailbox._touch_consumer(p_group, p_consumer);
     PERFORM mailbox._require(p_outbox_id, 'p_outbox_id');
-    IF mailbox._outbox_partitions(v_key) > 1 THEN
+    IF mailbox._group_partitions(p_group, v_key) > 1 THEN
         SELECT r.partition, r.row_id INTO v_part, v_row
-          FROM mailbox._partition_rows(v_key, mailbox._outbox_partitions(v_key), p_outbox_id - 1, p_outbox_id) AS r;
+          FROM mailbox._partition_rows(v_key, mailbox._group_partitions(p_group, v_key), p_outbox_id - 1, p_outbox_id) AS r;
         v_held := EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl
                            WHERE pl.group_name = p_group AND pl.part = v_part AND pl.consumer_id = p_consumer
                              AND pl.acked_offset < p_outbox_id AND p_outbox_id <= pl.delivered_offset);

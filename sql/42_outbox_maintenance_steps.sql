@@ -88,7 +88,8 @@ RETURNS bigint
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT pg_catalog.min(CASE WHEN mailbox._outbox_partitions(g.outbox_key) > 1
+    SELECT pg_catalog.min(CASE WHEN EXISTS (SELECT 1 FROM mailbox._partition_lease AS pl
+                                             WHERE pl.group_name = g.group_name)
                                THEN mailbox._partitioned_group_offset(g.group_name, g.outbox_key)
                                ELSE g.group_offset END)
       FROM mailbox._consumer_group AS g WHERE g.outbox_key = p_key;

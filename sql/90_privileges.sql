@@ -10,6 +10,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA mailbox FROM PUBLIC;
 -- mailbox_admin: lifecycle, status and maintenance (it is also a producer and a consumer)
 GRANT EXECUTE ON FUNCTION
     mailbox.create_outbox(text, int, int, int),
+    mailbox.alter_outbox_partitions(text, int),
     mailbox.enable_outbox(text, int, int, text, boolean, int),
     mailbox._check_partitions(int),
     mailbox._set_outbox_partitions(text, int),

@@ -1,5 +1,6 @@
 """Helpers for the consumer-group tests."""
 
+import random
 import threading
 import time
 
@@ -10,6 +11,14 @@ def poll(conn, group, consumer, batch=100, visibility=30):
     """Offsets (and payloads) leased by one poll_outbox call."""
     return conn.execute(
         "SELECT outbox_id, payload FROM mailbox.poll_outbox(%s, %s, %s, %s)",
+        [group, consumer, batch, visibility],
+    ).fetchall()
+
+
+def ppoll(conn, group, consumer, batch=100, visibility=30):
+    """(offset, key, partition) of one poll."""
+    return conn.execute(
+        "SELECT outbox_id, key, partition FROM mailbox.poll_outbox(%s, %s, %s, %s)",
         [group, consumer, batch, visibility],
     ).fetchall()
 
@@ -113,3 +122,24 @@ def wait_for(predicate, timeout=10, what="condition"):
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+def produce_keyed(connect, i, keys, n, errors):
+    """n rows with keys from keys, committed in transactions of 1-20 rows after random delays."""
+    conn = connect(autocommit=False)
+    rnd = random.Random(i)
+    try:
+        done = 0
+        while done < n:
+            k = min(n - done, rnd.randint(1, 20))
+            batch = [rnd.choice(keys) for _ in range(k)]
+            conn.execute(
+                "SELECT count(mailbox.outbox_publish('e', jsonb_build_object('k', k), '{}', k))"
+                " FROM unnest(%s::text[]) WITH ORDINALITY AS u (k, n)",
+                [batch],
+            )
+            time.sleep(rnd.random() * 0.005)
+            conn.commit()
+            done += k
+    except BaseException as exc:  # noqa: BLE001
+        errors.append(exc)

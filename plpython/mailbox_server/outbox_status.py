@@ -6,7 +6,8 @@ WARNING_FRACTION = 0.8
 
 _CATALOG = """
 SELECT o.outbox_key, o.outbox_name, o.source_rel IS NOT NULL AS captured, o.retention_hours,
-       o.head_offset, r.last_drained_at, r.last_drained_count, e.source, e.enabled, e.outbox_table
+       o.head_offset, r.last_drained_at, r.last_drained_count, e.source, e.enabled, e.outbox_table,
+       mailbox._outbox_partitions(o.outbox_key) AS partitions
   FROM mailbox._outbox AS o
   JOIN mailbox.outboxes AS e ON e.outbox_name = o.outbox_name
   LEFT JOIN mailbox._outbox_retention AS r ON r.outbox_key = o.outbox_key
@@ -38,8 +39,12 @@ SELECT pg_catalog.count(*) AS pending
 """
 
 _GROUPS = """
-SELECT g.group_name, g.group_offset
-  FROM mailbox._consumer_group AS g WHERE g.outbox_key = $1 ORDER BY g.group_name
+SELECT g.group_name, g.group_offset,
+       mailbox._group_partitions(g.group_name, g.outbox_key) AS partitions,
+       x.boundary AS partition_change_boundary
+  FROM mailbox._consumer_group AS g
+  LEFT JOIN mailbox._partition_change AS x ON x.group_name = g.group_name
+ WHERE g.outbox_key = $1 ORDER BY g.group_name
 """
 
 _CRITICAL_MB = """
@@ -97,6 +102,7 @@ def outbox_status(plpy, name):
         "claim_check_pending_count": pending,
         "storage_status": storage_status(total_bytes, critical_mb),
         "retention_hours": outbox["retention_hours"],
+        "partitions": outbox["partitions"],
         "last_drained_at": _iso(outbox["last_drained_at"]),
         "last_drained_count": outbox["last_drained_count"],
         "consumer_groups": [
@@ -104,6 +110,10 @@ def outbox_status(plpy, name):
                 "name": g["group_name"],
                 "group_offset": g["group_offset"],
                 "lag": head - g["group_offset"],
+                # the count the group uses: the old one until it drained a change
+                # (alter_outbox_partitions), with that change's boundary offset
+                "partitions": g["partitions"],
+                "partition_change_boundary": g["partition_change_boundary"],
             }
             for g in groups
         ],

@@ -1,22 +1,13 @@
 """SPEC §2.3: per-key order with parallel consumers (partitioned outboxes), on a real
 PostgreSQL with deliberate interleavings."""
 
-import random
 import threading
 import time
 from collections import defaultdict
 
 import pytest
-from groups import Notices, Numberer, commit, wait_for
+from groups import Notices, Numberer, commit, ppoll, produce_keyed, wait_for
 from mbx import raises, rows, scalar
-
-
-def ppoll(conn, group, consumer, batch=100, visibility=30):
-    """(offset, key, partition) of one poll."""
-    return conn.execute(
-        "SELECT outbox_id, key, partition FROM mailbox.poll_outbox(%s, %s, %s, %s)",
-        [group, consumer, batch, visibility],
-    ).fetchall()
 
 
 def publish_key_rows(conn, outbox, keys):
@@ -139,27 +130,6 @@ def test_four_consumers_sixteen_partitions_per_key_order_exactly_once(pbox, conn
         ]
     finally:
         numberer.stop()
-
-
-def produce_keyed(connect, i, keys, n, errors):
-    """n rows with keys from keys, committed in transactions of 1-20 rows after random delays."""
-    conn = connect(autocommit=False)
-    rnd = random.Random(i)
-    try:
-        done = 0
-        while done < n:
-            k = min(n - done, rnd.randint(1, 20))
-            batch = [rnd.choice(keys) for _ in range(k)]
-            conn.execute(
-                "SELECT count(mailbox.outbox_publish('e', jsonb_build_object('k', k), '{}', k))"
-                " FROM unnest(%s::text[]) WITH ORDINALITY AS u (k, n)",
-                [batch],
-            )
-            time.sleep(rnd.random() * 0.005)
-            conn.commit()
-            done += k
-    except BaseException as exc:  # noqa: BLE001
-        errors.append(exc)
 
 
 def holders(db, group="g"):

@@ -84,8 +84,10 @@ def test_status_reports_every_documented_key(big):
         "retention_hours",
         "last_drained_at",
         "last_drained_count",
+        "partitions",
         "consumer_groups",
     }
+    assert status["partitions"] == 1
     assert status["enabled"] is True and status["outbox"] == "t" and status["source"] == "public.t"
     assert status["outbox_table"] == "mailbox.outbox_t"
     assert status["row_count"] == 1 and status["head_offset"] == 1
