@@ -5,6 +5,7 @@ import threading
 import time
 
 import psycopg
+from mbx import rows
 
 
 def poll(conn, group, consumer, batch=100, visibility=30):
@@ -143,3 +144,15 @@ def produce_keyed(connect, i, keys, n, errors):
             done += k
     except BaseException as exc:  # noqa: BLE001
         errors.append(exc)
+
+
+def holders(db, group="g"):
+    """partition -> consumer holding it with a live lease."""
+    return dict(
+        rows(
+            db,
+            "SELECT partition, consumer_id FROM mailbox.consumer_partition_lag"
+            " WHERE group_name = %s AND leased",
+            [group],
+        )
+    )

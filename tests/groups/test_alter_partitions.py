@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 from dumps import _new_database, dump_and_restore
-from groups import Notices, Numberer, commit, ppoll, produce_keyed, wait_for
+from groups import Notices, Numberer, commit, holders, ppoll, produce_keyed, wait_for
 from mbx import drop_role, make_role, raises, rows, scalar
 
 
@@ -519,3 +519,40 @@ def test_dump_and_restore_keep_the_new_count_and_a_change_in_progress(
             assert [r[0] for r in got] == list(range(41, 81))
             assert all(p == part(k, 8) for _, k, p in got)
             assert group_state(restored) == (8, None)
+
+
+def test_an_open_poll_transaction_defers_the_switch_and_blocks_nobody(box, connect):
+    """Without a numberer, a poll switches a drained group; when another consumer's poll
+    transaction is open (its partitions locked) the switch waits for a later poll instead of
+    blocking this one."""
+    db = box(4)
+    publish_keys(db, KEYS)  # 1..40
+    a = connect(options="-c statement_timeout=5000")
+    b = connect(autocommit=False)
+    assert len(ppoll(a, "g", "a", batch=1000)) == 40
+    assert commit(a, "g", "a", 40) == 40
+    assert ppoll(b, "g", "b") == []  # registers b
+    b.commit()
+    assert ppoll(a, "g", "a") == []  # a gives up two partitions
+    assert ppoll(b, "g", "b") == []  # b takes them
+    b.commit()
+    assert sorted(holders(db).values()) == ["a", "a", "b", "b"]
+    publish_keys(db, KEYS)  # 41..80
+    got_a, got_b = ppoll(a, "g", "a", batch=1000), ppoll(b, "g", "b", batch=1000)
+    b.commit()
+    assert got_a and got_b and len(got_a) + len(got_b) == 40
+    db.execute("SELECT mailbox.alter_outbox_partitions('e', 8)")
+    assert group_state(db) == (4, 80)
+    publish_keys(db, KEYS)  # 81..120
+    assert commit(b, "g", "b", got_b[-1][0]) == len(got_b)
+    b.commit()
+    assert ppoll(b, "g", "b", batch=1000) == []  # a still holds rows; b's transaction stays open
+    assert commit(a, "g", "a", got_a[-1][0]) == len(got_a)
+    assert ppoll(a, "g", "a", batch=1000) == []  # drained, but b holds its partitions
+    assert group_state(db) == (4, 80)
+    b.commit()
+    got = ppoll(a, "g", "a", batch=1000) + ppoll(b, "g", "b", batch=1000)
+    b.commit()
+    assert group_state(db) == (8, None)
+    assert sorted(o for o, _, _ in got) == list(range(81, 121))
+    assert all(p == part(k, 8) for _, k, p in got)

@@ -6,7 +6,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from groups import Notices, Numberer, commit, ppoll, produce_keyed, wait_for
+from groups import Notices, Numberer, commit, holders, ppoll, produce_keyed, wait_for
 from mbx import raises, rows, scalar
 
 
@@ -130,17 +130,6 @@ def test_four_consumers_sixteen_partitions_per_key_order_exactly_once(pbox, conn
         ]
     finally:
         numberer.stop()
-
-
-def holders(db, group="g"):
-    return dict(
-        rows(
-            db,
-            "SELECT partition, consumer_id FROM mailbox.consumer_partition_lag"
-            " WHERE group_name = %s AND leased",
-            [group],
-        )
-    )
 
 
 def test_killed_holder_partition_is_taken_over_in_order(pbox, connect):
