@@ -78,14 +78,17 @@ BEGIN
            SET last_heartbeat_at = pg_catalog.now(), unhealthy_since = NULL, reaped_at = NULL
          WHERE c.group_name = p_group AND c.consumer_id = p_consumer;
     END IF;
-    -- A group draining a change of the partition count switches once drained (part 28); the
-    -- numberer does it while one runs.
-    IF EXISTS (SELECT 1 FROM mailbox._partition_change AS x WHERE x.group_name = p_group)
-       AND NOT mailbox._numberer_alive() THEN
-        PERFORM mailbox._finish_partition_change(p_group, v_key, TRUE);
+    -- A group draining a change of the partition count (part 28) uses its old count until it
+    -- drained, then switches (the numberer does that while one runs). (_group_partitions,
+    -- inlined.)
+    v_parts := (SELECT x.partitions FROM mailbox._partition_change AS x WHERE x.group_name = p_group);
+    IF v_parts IS NOT NULL AND NOT mailbox._numberer_alive()
+       AND mailbox._finish_partition_change(p_group, v_key, TRUE) THEN
+        v_parts := NULL;
     END IF;
     -- A partitioned outbox (part 27): partitions are leased, not offset ranges.
-    v_parts := mailbox._group_partitions(p_group, v_key);
+    v_parts := coalesce(v_parts, (SELECT x.partitions FROM mailbox._outbox_partitioning AS x
+                                   WHERE x.outbox_key = v_key));
     IF v_parts > 1 THEN
         RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
             p_group, p_consumer, p_batch_size, p_visibility_seconds, v_key, v_parts);
@@ -105,7 +108,8 @@ BEGIN
     IF NOT FOUND THEN
         v_group := mailbox._lock_group(p_group);
     END IF;
-    IF NOT v_numberer AND mailbox._group_partitions(p_group, v_key) > 1 THEN
+    IF NOT v_numberer AND EXISTS (SELECT 1 FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = v_key)
+       AND mailbox._group_partitions(p_group, v_key) > 1 THEN
         -- the group switched to partitions while this poll waited for its row (part 28)
         RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
             p_group, p_consumer, p_batch_size, p_visibility_seconds, v_key, mailbox._group_partitions(p_group, v_key));
@@ -187,11 +191,16 @@ BEGIN
         END IF;
     ELSE
         v_first := v_group.delivered_offset + 1;
-        -- (capped at the boundary of a partition change the group drains, part 28)
-        v_head := mailbox._group_head(p_group, v_group.outbox_key);
+        -- (capped at the boundary of a partition change the group drains: _group_head of part
+        -- 28, inlined)
+        v_head := (SELECT least(o.head_offset, (SELECT x.boundary FROM mailbox._partition_change AS x
+                                              WHERE x.group_name = p_group))
+                     FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
         IF v_head < v_first + p_batch_size - 1 AND NOT v_numberer THEN
             PERFORM mailbox._sequence_outbox(v_group.outbox_key, greatest(p_batch_size, 1000));
-            v_head := mailbox._group_head(p_group, v_group.outbox_key);
+            v_head := (SELECT least(o.head_offset, (SELECT x.boundary FROM mailbox._partition_change AS x
+                                                  WHERE x.group_name = p_group))
+                         FROM mailbox._outbox AS o WHERE o.outbox_key = v_group.outbox_key);
         END IF;
         -- with a numberer, unclaimed rows are in slots: what is left is claimed by open polls
         -- or not numbered yet, and the numberer's next pass wakes this consumer

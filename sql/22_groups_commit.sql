@@ -26,7 +26,9 @@ BEGIN
         PERFORM mailbox._lock_group(p_group);                 -- raises for a bad or unknown group
         PERFORM mailbox._touch_consumer(p_group, p_consumer); -- raises 22004, 22023 or 42704
     END IF;
-    IF mailbox._group_partitions(p_group, v_key) > 1 THEN -- (the group's count: part 28)
+    -- the group's count (_group_partitions of part 28, inlined)
+    IF coalesce((SELECT x.partitions FROM mailbox._partition_change AS x WHERE x.group_name = p_group),
+                (SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = v_key)) > 1 THEN
         RETURN mailbox._commit_partitioned(p_group, p_consumer, p_last_offset, v_key, v_consumer.committed_offset);
     END IF;
     -- Without a numberer, commits and polls of a group take turns on its row, as the group

@@ -137,7 +137,9 @@ BEGIN
     END LOOP;
     -- The partition count may have changed since the caller read it (part 28): a switch
     -- locks every partition row, so once this poll holds one, the count read now stays.
-    IF pg_catalog.cardinality(v_mine) > 0 AND mailbox._group_partitions(p_group, p_key) <> p_parts THEN
+    IF pg_catalog.cardinality(v_mine) > 0
+       AND coalesce((SELECT x.partitions FROM mailbox._partition_change AS x WHERE x.group_name = p_group),
+                    (SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = p_key), 1) <> p_parts THEN
         RETURN QUERY SELECT * FROM mailbox._poll_partitioned(
             p_group, p_consumer, p_batch_size, p_visibility_seconds, p_key, mailbox._group_partitions(p_group, p_key));
         RETURN;
@@ -203,13 +205,18 @@ BEGIN
         END LOOP;
         SELECT pg_catalog.min(a), pg_catalog.max(a) INTO v_min, v_max FROM pg_catalog.unnest(v_ack) AS a;
         -- without a numberer, this poll numbers when its own partitions are near the head
-        -- (the head capped at the boundary of a partition change the group drains, part 28)
-        v_head := mailbox._group_head(p_group, p_key);
+        -- (the head capped at the boundary of a partition change the group drains: _group_head
+        -- of part 28, inlined as every read of the head below)
+        v_head := (SELECT least(o.head_offset, (SELECT x.boundary FROM mailbox._partition_change AS x
+                                              WHERE x.group_name = p_group))
+                     FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
         -- (and, below, when it read the log up to the head without filling its batch)
         v_numbered := mailbox._numberer_alive();
         IF NOT v_numbered AND v_head < v_min + p_batch_size THEN
             PERFORM mailbox._sequence_outbox(p_key, greatest(p_batch_size, 1000));
-            v_head := mailbox._group_head(p_group, p_key);
+            v_head := (SELECT least(o.head_offset, (SELECT x.boundary FROM mailbox._partition_change AS x
+                                                  WHERE x.group_name = p_group))
+                         FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
             v_numbered := TRUE;
         END IF;
         IF pg_catalog.cardinality(v_mine) = p_parts AND v_min = v_max THEN
@@ -248,7 +255,9 @@ BEGIN
                     EXIT WHEN v_numbered;
                     v_numbered := TRUE;
                     EXIT WHEN mailbox._sequence_outbox(p_key, greatest(p_batch_size, 1000)) = 0;
-                    v_head := mailbox._group_head(p_group, p_key);
+                    v_head := (SELECT least(o.head_offset, (SELECT x.boundary FROM mailbox._partition_change AS x
+                                                          WHERE x.group_name = p_group))
+                                 FROM mailbox._outbox AS o WHERE o.outbox_key = p_key);
                 END IF;
             END LOOP;
             IF pg_catalog.cardinality(v_offs) = 0 THEN

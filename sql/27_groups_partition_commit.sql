@@ -50,7 +50,9 @@ BEGIN
     END LOOP;
     v_n := 0;
     IF v_min IS NOT NULL THEN
-        v_parts_n := mailbox._group_partitions(p_group, p_key);
+        -- the group's count (_group_partitions of part 28, inlined)
+        v_parts_n := coalesce((SELECT x.partitions FROM mailbox._partition_change AS x WHERE x.group_name = p_group),
+                              (SELECT x.partitions FROM mailbox._outbox_partitioning AS x WHERE x.outbox_key = p_key));
         v_last := (SELECT pg_catalog.max(d) FROM pg_catalog.unnest(v_del) AS d);
         IF pg_catalog.cardinality(v_parts) = v_parts_n
            AND v_min = (SELECT pg_catalog.max(a) FROM pg_catalog.unnest(v_ack) AS a)
