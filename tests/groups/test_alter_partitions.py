@@ -366,8 +366,8 @@ def test_a_new_group_starts_in_the_new_layout(box, connect):
 
 @pytest.mark.parametrize(
     "old,new,numberer",
-    [(1, 4, False), (4, 1, True), (4, 8, False), (4, 8, True), (8, 3, False)],
-    ids=["1-4", "4-1-numberer", "4-8", "4-8-numberer", "8-3"],
+    [(1, 4, False), (1, 4, True), (4, 1, True), (4, 8, False), (4, 8, True), (8, 3, False)],
+    ids=["1-4", "1-4-numberer", "4-1-numberer", "4-8", "4-8-numberer", "8-3"],
 )
 def test_change_under_load_keeps_per_key_order(box, connect, old, new, numberer):
     """Two producers and three consumers (one keeping its poll transaction open while it
