@@ -18,11 +18,11 @@ def poll(conn, group, consumer, batch=100, visibility=30):
 
 
 def ppoll(conn, group, consumer, batch=100, visibility=30):
-    """(offset, key, partition) of one poll."""
-    return conn.execute(
-        "SELECT outbox_id, key, partition FROM mailbox.poll_outbox(%s, %s, %s, %s)",
-        [group, consumer, batch, visibility],
-    ).fetchall()
+    """(offset, key, partition) of one poll (through the client API)."""
+    return [
+        (r.outbox_id, r.key, r.partition)
+        for r in api.poll_outbox(conn, group, consumer, batch, visibility)
+    ]
 
 
 def commit(conn, group, consumer, offset):

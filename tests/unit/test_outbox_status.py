@@ -40,6 +40,7 @@ def test_status_assembles_every_key(plpy):
                 "source": "public.t",
                 "enabled": True,
                 "outbox_table": "mailbox.outbox_o",
+                "partitions": 4,
             }
         ],
     )
@@ -49,10 +50,16 @@ def test_status_assembles_every_key(plpy):
     )
     plpy.answer("total_bytes", [{"total_bytes": 90 * 1024 * 1024}])
     plpy.answer("AS pending", [{"pending": 2}])
-    plpy.answer("g.group_name, g.group_offset", [{"group_name": "g1", "group_offset": 7}])
+    plpy.answer(
+        "g.group_name, g.group_offset",
+        [{"group_name": "g1", "group_offset": 7, "partitions": 2, "partition_change_boundary": 9}],
+    )
     plpy.answer("outbox_storage_critical_mb", [{"mb": 100}])
     got = outbox_status.outbox_status(plpy, "o")
     assert got["storage_status"] == "warning"
-    assert got["consumer_groups"] == [{"name": "g1", "group_offset": 7, "lag": 3}]
+    assert got["consumer_groups"] == [
+        {"name": "g1", "group_offset": 7, "lag": 3, "partitions": 2, "partition_change_boundary": 9}
+    ]
+    assert got["partitions"] == 4
     assert got["claim_check_pending_count"] == 2 and got["row_count"] == 4
     assert got["oldest_row"] == "2026-01-01" and got["last_drained_at"] is None
