@@ -4371,18 +4371,18 @@ BEGIN
         RAISE EXCEPTION 'inbox table of inbox % was dropped', p_inbox.inbox_name
             USING ERRCODE = '55000',
                   DETAIL = pg_catalog.format('The inbox was made for table %s, which no longer exists.',
-                                             pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
+                                             mailbox._inbox_table_sql(p_inbox)),
                   HINT = 'Drop the inbox with mailbox.drop_inbox().';
     END IF;
     RAISE EXCEPTION 'inbox table of inbox % was renamed', p_inbox.inbox_name
         USING ERRCODE = '55000',
               DETAIL = pg_catalog.format('The inbox table %s is now %s; pg_mailbox never uses a table that '
                                          'merely took the old name.',
-                                         pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now),
+                                         mailbox._inbox_table_sql(p_inbox), v_now),
               HINT = pg_catalog.format('Rename the table back to %s, or drop the inbox with mailbox.drop_inbox() '
                                        '(without p_cascade the table is kept) and adopt %s with '
                                        'mailbox.enable_inbox_tracking().',
-                                       pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now);
+                                       mailbox._inbox_table_sql(p_inbox), v_now);
 END
 $$;
 
@@ -4394,7 +4394,7 @@ LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name))
+    IF pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox))
        IS DISTINCT FROM p_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(p_inbox);
     END IF;
@@ -4410,6 +4410,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN p_columns ->> p_role IS NOT NULL
                 THEN pg_catalog.format('%I.%I', p_alias, p_columns ->> p_role) END;
+$$;
+
+-- The inbox table as written into SQL (generated code, views, control-plane queries): schema.table, quoted.
+CREATE OR REPLACE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
 $$;
 
 -- A select-list item for a role: the mapped column cast to the API type, or a typed NULL.
@@ -4621,7 +4630,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_agg text := pg_catalog.quote_ident(c ->> 'aggregate_id');
     v_seq text := pg_catalog.quote_ident(c ->> 'sequence_num');
     v_proc text := pg_catalog.quote_ident(c ->> 'processed_at');
@@ -4709,7 +4718,7 @@ SELECT %8$s
          WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
         pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
-        coalesce(p_table, pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
+        coalesce(p_table, mailbox._inbox_table_sql(p_inbox)),
         pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
         '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate', v_cols);
 END
@@ -4723,7 +4732,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_proc text := mailbox._inbox_col(c, 'processed_at');
     v_retry text := mailbox._inbox_col(c, 'retry_count');
     v_max text := pg_catalog.format('(SELECT i.max_retries FROM mailbox.%I AS i)',
@@ -5947,15 +5956,6 @@ AS $$
      WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_inbox.columns ->> p_role AND NOT a.attisdropped;
 $$;
 
--- The inbox table as written into generated SQL: schema.table, quoted.
-CREATE OR REPLACE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql IMMUTABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
-$$;
-
 -- The per-inbox view of the inbox's own lease rows (part 31), as written into generated SQL.
 CREATE OR REPLACE FUNCTION mailbox._inbox_lease_sql(p_inbox mailbox._inbox)
 RETURNS text
@@ -6283,7 +6283,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_roles text[] := mailbox._inbox_receive_roles();
     v_tests text[] := ARRAY[]::text[];
     v_raise text := '';
@@ -6295,11 +6295,7 @@ BEGIN
     IF p_inbox.casts ? 'event_id' THEN
         v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
     END IF;
-    SELECT b.typname INTO v_priority_type
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
+    v_priority_type := mailbox._inbox_column_base_type(p_inbox, 'priority');
     -- the checks of the generated receive (part 35) over the whole batch, computed by the
     -- statement that inserts it (v_tests[i] is true when some message breaks check i): a
     -- failed check raises, which undoes the insert, so the batch is parsed only once. A

@@ -79,18 +79,18 @@ BEGIN
         RAISE EXCEPTION 'inbox table of inbox % was dropped', p_inbox.inbox_name
             USING ERRCODE = '55000',
                   DETAIL = pg_catalog.format('The inbox was made for table %s, which no longer exists.',
-                                             pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
+                                             mailbox._inbox_table_sql(p_inbox)),
                   HINT = 'Drop the inbox with mailbox.drop_inbox().';
     END IF;
     RAISE EXCEPTION 'inbox table of inbox % was renamed', p_inbox.inbox_name
         USING ERRCODE = '55000',
               DETAIL = pg_catalog.format('The inbox table %s is now %s; pg_mailbox never uses a table that '
                                          'merely took the old name.',
-                                         pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now),
+                                         mailbox._inbox_table_sql(p_inbox), v_now),
               HINT = pg_catalog.format('Rename the table back to %s, or drop the inbox with mailbox.drop_inbox() '
                                        '(without p_cascade the table is kept) and adopt %s with '
                                        'mailbox.enable_inbox_tracking().',
-                                       pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name), v_now);
+                                       mailbox._inbox_table_sql(p_inbox), v_now);
 END
 $$;
 
@@ -102,7 +102,7 @@ LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name))
+    IF pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox))
        IS DISTINCT FROM p_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(p_inbox);
     END IF;
@@ -118,6 +118,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN p_columns ->> p_role IS NOT NULL
                 THEN pg_catalog.format('%I.%I', p_alias, p_columns ->> p_role) END;
+$$;
+
+-- The inbox table as written into SQL (generated code, views, control-plane queries): schema.table, quoted.
+CREATE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
 $$;
 
 -- A select-list item for a role: the mapped column cast to the API type, or a typed NULL.

@@ -127,7 +127,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_agg text := pg_catalog.quote_ident(c ->> 'aggregate_id');
     v_seq text := pg_catalog.quote_ident(c ->> 'sequence_num');
     v_proc text := pg_catalog.quote_ident(c ->> 'processed_at');
@@ -215,7 +215,7 @@ SELECT %8$s
          WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
         pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
-        coalesce(p_table, pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name)),
+        coalesce(p_table, mailbox._inbox_table_sql(p_inbox)),
         pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
         '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate', v_cols);
 END
@@ -229,7 +229,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_proc text := mailbox._inbox_col(c, 'processed_at');
     v_retry text := mailbox._inbox_col(c, 'retry_count');
     v_max text := pg_catalog.format('(SELECT i.max_retries FROM mailbox.%I AS i)',

@@ -76,15 +76,6 @@ AS $$
      WHERE a.attrelid = p_inbox.table_rel AND a.attname = p_inbox.columns ->> p_role AND NOT a.attisdropped;
 $$;
 
--- The inbox table as written into generated SQL: schema.table, quoted.
-CREATE FUNCTION mailbox._inbox_table_sql(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql IMMUTABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
-$$;
-
 -- The per-inbox view of the inbox's own lease rows (part 31), as written into generated SQL.
 CREATE FUNCTION mailbox._inbox_lease_sql(p_inbox mailbox._inbox)
 RETURNS text

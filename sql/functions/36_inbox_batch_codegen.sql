@@ -20,7 +20,7 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_table text := pg_catalog.format('%I.%I', p_inbox.schema_name, p_inbox.table_name);
+    v_table text := mailbox._inbox_table_sql(p_inbox);
     v_roles text[] := mailbox._inbox_receive_roles();
     v_tests text[] := ARRAY[]::text[];
     v_raise text := '';
@@ -32,11 +32,7 @@ BEGIN
     IF p_inbox.casts ? 'event_id' THEN
         v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
     END IF;
-    SELECT b.typname INTO v_priority_type
-      FROM pg_catalog.pg_attribute AS a
-      JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
-      JOIN pg_catalog.pg_type AS b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-     WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'priority' AND NOT a.attisdropped;
+    v_priority_type := mailbox._inbox_column_base_type(p_inbox, 'priority');
     -- the checks of the generated receive (part 35) over the whole batch, computed by the
     -- statement that inserts it (v_tests[i] is true when some message breaks check i): a
     -- failed check raises, which undoes the insert, so the batch is parsed only once. A
