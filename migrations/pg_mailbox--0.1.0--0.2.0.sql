@@ -17,8 +17,9 @@
 
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array
--- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
--- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- of its aggregates and its count changes, written by the inbox table's triggers in the
+-- writer's transaction; NULL aggregates mean all of them), the highest sequence per aggregate
+-- and the message counts as of that fold. No index on _inbox_gap_touched: it stays small between folds,
 -- and the receive path pays one heap insert per statement, nothing more.
 CREATE TABLE mailbox._inbox_gap (
     inbox_key int NOT NULL,
@@ -33,11 +34,40 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
 
 CREATE TABLE mailbox._inbox_gap_touched (
     inbox_key int NOT NULL,
-    aggregate_ids text[]
+    aggregate_ids text[],
+    -- per aggregate of aggregate_ids, the lowest sequence an INSERT added (an appended run can
+    -- be folded without re-reading the aggregate); NULL for UPDATE and DELETE
+    min_seqs bigint[],
+    -- the statement's change of the unprocessed and processed counts (NULL: count again)
+    d_unprocessed bigint,
+    d_processed bigint
 );
 COMMENT ON TABLE mailbox._inbox_gap_touched IS
 'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_touched', '');
+
+-- Per aggregate with unprocessed messages above its position at the last fold, the highest
+-- such sequence (an aggregate without a row had none): a later INSERT only above it appends.
+CREATE TABLE mailbox._inbox_gap_head (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    high_seq bigint NOT NULL,
+    PRIMARY KEY (inbox_key, aggregate_id)
+);
+COMMENT ON TABLE mailbox._inbox_gap_head IS
+'pg_mailbox: highest unprocessed sequence per aggregate of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_head', '');
+
+-- The unprocessed and processed message counts of a managed ordered inbox as of its last fold
+-- (inbox_health adds the deltas of the touched rows it sees).
+CREATE TABLE mailbox._inbox_count (
+    inbox_key int PRIMARY KEY,
+    unprocessed bigint NOT NULL,
+    processed bigint NOT NULL
+);
+COMMENT ON TABLE mailbox._inbox_count IS
+'pg_mailbox: message counts of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (
@@ -56,7 +86,6 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_change', '');
 DROP FUNCTION mailbox._check_capturable(oid);
 DROP FUNCTION mailbox._inbox_map_column(mailbox._inbox, text, text, text[]);
 DROP FUNCTION mailbox._inbox_tracking_py(oid, jsonb, jsonb);
-DROP FUNCTION mailbox._inbox_gaps_sql(mailbox._inbox, text);
 
 -- sql/functions/04_settings.sql
 -- Part 04: the settings registry. Every mailbox.* GUC is one row of mailbox._settings():
@@ -4664,63 +4693,54 @@ $$;
 -- The per-inbox state views are security barriers, which a join cannot see into: they are
 -- read by scalar subqueries (one primary-key lookup each) in next_<i> and gaps_<i>.
 
+-- "WITH RECURSIVE aggs AS (...)" over the table p_table: every aggregate with an unprocessed
+-- sequenced message, one index probe each (a skip scan of the ordering index).
+CREATE OR REPLACE FUNCTION mailbox._inbox_pending_aggs_sql(p_inbox mailbox._inbox, p_table text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT pg_catalog.format($a$
+WITH RECURSIVE aggs AS (
+    (SELECT t.%1$I AS agg FROM %3$s AS t
+      WHERE t.%4$I IS NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL
+      ORDER BY t.%1$I LIMIT 1)
+    UNION ALL
+    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
+        SELECT t.%1$I AS agg FROM %3$s AS t
+         WHERE t.%4$I IS NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL AND t.%1$I > a.agg
+         ORDER BY t.%1$I LIMIT 1) AS n
+)$a$, p_inbox.columns ->> 'aggregate_id', p_inbox.columns ->> 'sequence_num',
+          p_table, p_inbox.columns ->> 'processed_at');
+$$;
+
 -- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
 -- processed sequence, among its unprocessed messages (dead letters are not holes). p_table
 -- is the table's name when it differs from the stored one (the control plane after a rename).
--- p_touched NULL gives the view's columns; otherwise the columns part 34 (gap state) stores,
--- (aggregate_id, expected_seq, found_seq, found_received_at), for every aggregate (FALSE) or
--- only for the aggregates of the text array $3 (TRUE).
-CREATE OR REPLACE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL,
-                                        p_touched boolean DEFAULT NULL)
+CREATE OR REPLACE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_aggs text := $a$
-WITH RECURSIVE aggs AS (
-    (SELECT t.%1$s AS agg FROM %3$s AS t
-      WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL
-      ORDER BY t.%1$s LIMIT 1)
-    UNION ALL
-    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
-        SELECT t.%1$s AS agg FROM %3$s AS t
-         WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL AND t.%1$s > a.agg
-         ORDER BY t.%1$s LIMIT 1) AS n
-)$a$;
-    v_cols text := $o$a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
-       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec$o$;
+    v_table text := coalesce(p_table, mailbox._inbox_table_sql(p_inbox));
 BEGIN
-    IF p_touched THEN
-        -- the touched aggregates, as the column's type (so the ordering index is used)
-        SELECT pg_catalog.format('WITH aggs AS (SELECT DISTINCT CAST(d.agg AS %s) AS agg'
-                                 ' FROM pg_catalog.unnest($3) AS d (agg))',
-                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
-          INTO v_aggs
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
-    END IF;
-    IF p_touched IS NOT NULL THEN
-        v_cols := 'a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,'
-                  ' x.recv AS found_received_at';
-    END IF;
-    RETURN pg_catalog.format(v_aggs || $q$
-SELECT %8$s
+    RETURN mailbox._inbox_pending_aggs_sql(p_inbox, v_table) || pg_catalog.format($q$
+SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
+       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
   FROM aggs AS a
  CROSS JOIN mailbox.%6$I AS cfg
  CROSS JOIN LATERAL (SELECT coalesce((SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = a.agg::text),
                                      cfg.ordering_first_sequence - 1) AS last_seq) AS s
  CROSS JOIN LATERAL (
-        SELECT t.%2$s::bigint AS seq, t.%5$s::timestamptz AS recv,
-               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s), s.last_seq) AS prev
+        SELECT t.%2$I::bigint AS seq, t.%5$I::timestamptz AS recv,
+               coalesce(pg_catalog.lag(t.%2$I::bigint) OVER (ORDER BY t.%2$I), s.last_seq) AS prev
           FROM %3$s AS t
-         WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
+         WHERE t.%1$I = a.agg AND t.%4$I IS NULL AND t.%2$I > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
-        pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
-        coalesce(p_table, mailbox._inbox_table_sql(p_inbox)),
-        pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
-        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate', v_cols);
+        c ->> 'aggregate_id', c ->> 'sequence_num', v_table, c ->> 'processed_at', c ->> 'received_at',
+        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate');
 END
 $$;
 
@@ -5338,6 +5358,264 @@ $$;
 COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 'reset processed or dead-lettered messages (by id) so they are processed again; alerts inbox_replay';
 
+-- sql/functions/34_inbox_gap_fold.sql
+-- Part 34 (gap fold): reading the gap state of a managed ordered inbox (part 34, gap state,
+-- says how it is kept and why it is correct under concurrency). A fold takes the touched
+-- rows, adds their count changes to mailbox._inbox_count, and reads the table again only for
+-- the aggregates they name: an aggregate that only INSERTs touched, every one of them above
+-- its head (mailbox._inbox_gap_head: its highest unprocessed sequence at the last fold), is
+-- read from its head on and keeps its stored gaps (appending costs what was appended); any
+-- other touched aggregate is read from its position, its gaps and head replaced.
+
+-- The fold's read of the inbox table (run as its owner): for each aggregate of $3 (or, with
+-- p_all, each aggregate with an unprocessed sequenced message), its unprocessed sequences above
+-- a start, $2 (the aggregate's highest sequence at the last fold when only sequences above it
+-- were added since), or where $2 is NULL its position (last processed, else first - 1). One row
+-- per gap above the start (g) and one for the highest sequence (h, the aggregate's new head),
+-- as a jsonb array of {a, e, f, r, g, h}.
+CREATE OR REPLACE FUNCTION mailbox._inbox_gap_scan_sql(p_inbox mailbox._inbox, p_all boolean, p_write boolean)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_aggs text;
+    v_rows text;
+BEGIN
+    IF p_all THEN
+        v_aggs := mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_current_table(p_inbox)) || ', k AS (SELECT a.agg, NULL::pg_catalog.int8 AS start FROM aggs AS a)';
+    ELSE
+        -- the aggregates as the column's type, so the ordering index is used
+        SELECT pg_catalog.format('WITH k AS (SELECT CAST(d.agg AS %s) AS agg, d.start'
+                                 ' FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($2)) AS d (agg, start))',
+                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
+          INTO v_aggs
+          FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
+    END IF;
+    v_rows := pg_catalog.format($q$
+SELECT k.agg::pg_catalog.text AS a, x.prev + 1 AS e, x.seq AS f, x.recv AS r, x.seq > x.prev + 1 AS g, x.last AS h,
+       k.start IS NOT NULL AS appended
+  FROM k
+ CROSS JOIN mailbox.%6$I AS cfg
+ CROSS JOIN LATERAL (SELECT coalesce(k.start, (SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = k.agg::text),
+                                     cfg.ordering_first_sequence - 1) AS start) AS s
+ CROSS JOIN LATERAL (
+        SELECT t.%2$I::bigint AS seq, t.%5$I::timestamptz AS recv,
+               coalesce(pg_catalog.lag(t.%2$I::bigint) OVER (ORDER BY t.%2$I), s.start) AS prev,
+               pg_catalog.lead(t.%2$I) OVER (ORDER BY t.%2$I) IS NULL AS last
+          FROM %3$s AS t
+         WHERE t.%1$I = k.agg AND t.%4$I IS NULL AND t.%2$I > s.start) AS x
+ WHERE x.seq > x.prev + 1 OR x.last$q$,
+        c ->> 'aggregate_id', c ->> 'sequence_num', mailbox._inbox_current_table(p_inbox), c ->> 'processed_at',
+        c ->> 'received_at', '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate');
+    IF NOT p_write THEN
+        RETURN v_aggs || ' SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''a'', y.a, ''e'', y.e,'
+               ' ''f'', y.f, ''r'', y.r, ''g'', y.g)), ''[]'') FROM (' || v_rows || ') AS y';
+    END IF;
+    -- the fold itself (a tracked inbox is managed: its owner is the extension owner): the new
+    -- gaps are added, an appended aggregate's head moved, any other's head made anew
+    RETURN v_aggs || pg_catalog.format(', y AS MATERIALIZED (%s),'
+        ' gi AS (INSERT INTO mailbox._inbox_gap (inbox_key, aggregate_id, expected_seq, found_seq, found_received_at)'
+        '        SELECT %2$s, y.a, y.e, y.f, y.r FROM y WHERE y.g RETURNING 1),'
+        ' hu AS (UPDATE mailbox._inbox_gap_head AS h SET high_seq = y.f FROM y'
+        '         WHERE y.h AND y.appended AND h.inbox_key = %2$s AND h.aggregate_id = y.a RETURNING 1),'
+        ' hi AS (INSERT INTO mailbox._inbox_gap_head (inbox_key, aggregate_id, high_seq)'
+        '        SELECT %2$s, y.a, y.f FROM y WHERE y.h AND NOT y.appended RETURNING 1)'
+        ' SELECT pg_catalog.to_jsonb((SELECT pg_catalog.count(*) FROM gi) + (SELECT pg_catalog.count(*) FROM hu)'
+        '                            + (SELECT pg_catalog.count(*) FROM hi))', v_rows, p_inbox.inbox_key);
+END
+$$;
+
+-- Folds what was touched since the last fold (see above) when it can: returns TRUE when the
+-- stored gaps, heads and counts are now current. A caller that cannot fold gets FALSE and
+-- computes the answer without writing (_inbox_gap_fold, _inbox_kept_counts).
+CREATE OR REPLACE FUNCTION mailbox._inbox_gap_refresh(p_inbox mailbox._inbox)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int := p_inbox.inbox_key;
+    v_all boolean;
+    v_recount boolean;
+    v_du bigint;
+    v_dp bigint;
+    v_aggs text[];
+    v_mins bigint[];
+    v_starts bigint[];
+    v_full text[];
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+       OR pg_catalog.current_setting('transaction_read_only') <> 'off'
+       -- one fold of an inbox at a time: (7168635, inbox_key), see part 05
+       OR NOT pg_catalog.pg_try_advisory_xact_lock(7168635, v_key) THEN
+        RETURN FALSE;
+    END IF;
+    -- 1. what was touched, taken (per aggregate: the lowest sequence added if only INSERTs
+    -- touched it, else NULL), and the count changes
+    WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key
+                  RETURNING t.aggregate_ids, t.min_seqs, t.d_unprocessed, t.d_processed),
+    per AS (SELECT u.agg, CASE WHEN pg_catalog.bool_and(u.mn IS NOT NULL) THEN pg_catalog.min(u.mn) END AS mn
+              FROM gone AS g, ROWS FROM (pg_catalog.unnest(g.aggregate_ids), pg_catalog.unnest(g.min_seqs)) AS u (agg, mn)
+             WHERE u.agg IS NOT NULL
+             GROUP BY u.agg)
+    SELECT coalesce((SELECT pg_catalog.bool_or(g.aggregate_ids IS NULL) FROM gone AS g), FALSE),
+           coalesce((SELECT pg_catalog.bool_or(g.d_unprocessed IS NULL OR g.d_processed IS NULL) FROM gone AS g), FALSE),
+           (SELECT pg_catalog.sum(g.d_unprocessed) FROM gone AS g), (SELECT pg_catalog.sum(g.d_processed) FROM gone AS g),
+           (SELECT pg_catalog.array_agg(p.agg ORDER BY p.agg) FROM per AS p),
+           (SELECT pg_catalog.array_agg(p.mn ORDER BY p.agg) FROM per AS p)
+      INTO v_all, v_recount, v_du, v_dp, v_aggs, v_mins;
+    -- 2. the counts
+    IF v_all OR v_recount OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_count AS n WHERE n.inbox_key = v_key) THEN
+        INSERT INTO mailbox._inbox_count AS n (inbox_key, unprocessed, processed)
+        SELECT v_key, (x.c ->> 'unprocessed')::bigint, (x.c ->> 'processed')::bigint
+          FROM (SELECT mailbox._inbox_count_rows(p_inbox, TRUE) AS c) AS x
+            ON CONFLICT (inbox_key) DO UPDATE SET unprocessed = excluded.unprocessed, processed = excluded.processed;
+    ELSIF v_du <> 0 OR v_dp <> 0 THEN
+        UPDATE mailbox._inbox_count AS n SET unprocessed = n.unprocessed + v_du, processed = n.processed + v_dp
+         WHERE n.inbox_key = v_key;
+    END IF;
+    -- 3. the gaps and heads, read in a later statement than the touched rows: it sees every
+    -- message they stand for. An aggregate only INSERTs touched, all above its head, is read
+    -- from its head on and keeps its gaps; any other is read again from its position.
+    IF v_all THEN
+        DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key;
+        DELETE FROM mailbox._inbox_gap_head AS h WHERE h.inbox_key = v_key;
+        PERFORM mailbox._inbox_as_owner(p_inbox, mailbox._inbox_gap_scan_sql(p_inbox, TRUE, TRUE));
+    ELSIF v_aggs IS NOT NULL THEN
+        -- the head of each (one index probe each), kept as the start when only appended to
+        SELECT pg_catalog.array_agg(CASE WHEN u.mn > u.high THEN u.high END ORDER BY u.ord),
+               pg_catalog.array_agg(u.agg) FILTER (WHERE NOT coalesce(u.mn > u.high, FALSE))
+          INTO v_starts, v_full
+          FROM (SELECT u.agg, u.mn, u.ord,
+                       (SELECT h.high_seq FROM mailbox._inbox_gap_head AS h
+                         WHERE h.inbox_key = v_key AND h.aggregate_id = u.agg) AS high
+                  FROM ROWS FROM (pg_catalog.unnest(v_aggs), pg_catalog.unnest(v_mins)) WITH ORDINALITY
+                       AS u (agg, mn, ord)) AS u;
+        IF v_full IS NOT NULL THEN
+            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key AND g.aggregate_id = ANY (v_full);
+            DELETE FROM mailbox._inbox_gap_head AS h WHERE h.inbox_key = v_key AND h.aggregate_id = ANY (v_full);
+        END IF;
+        PERFORM mailbox._inbox_as_owner(p_inbox, mailbox._inbox_gap_scan_sql(p_inbox, FALSE, TRUE), v_starts, v_aggs);
+    END IF;
+    RETURN TRUE;
+END
+$$;
+
+-- Every gap of a tracked inbox as the jsonb array of _inbox_gap_list (part 34), ordered by
+-- aggregate and expected sequence: folds what was touched since the last fold when it can,
+-- else computes the same answer without writing (the stored gaps of the aggregates nobody
+-- touched, the touched ones read again from their positions).
+CREATE OR REPLACE FUNCTION mailbox._inbox_gap_fold(p_inbox mailbox._inbox)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_key int := p_inbox.inbox_key;
+    v_all boolean := FALSE;
+    v_aggs text[];
+    v_fresh jsonb := '[]';
+BEGIN
+    IF NOT mailbox._inbox_gap_refresh(p_inbox) THEN
+        WITH seen AS (SELECT t.aggregate_ids FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key)
+        SELECT coalesce(pg_catalog.bool_or(seen.aggregate_ids IS NULL), FALSE),
+               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM seen AS s2, pg_catalog.unnest(s2.aggregate_ids) AS a (agg))
+          INTO v_all, v_aggs FROM seen;
+        IF v_all OR v_aggs IS NOT NULL THEN
+            v_fresh := mailbox._inbox_as_owner(p_inbox, mailbox._inbox_gap_scan_sql(p_inbox, v_all, FALSE), NULL, v_aggs);
+        END IF;
+    END IF;
+    RETURN (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                        'aggregate_id', g.a, 'expected_seq', g.e, 'found_seq', g.f,
+                        'gap_age_sec', pg_catalog.date_part('epoch', pg_catalog.now() - g.r))
+                        ORDER BY g.a, g.e), '[]')
+              FROM (SELECT s.aggregate_id AS a, s.expected_seq AS e, s.found_seq AS f, s.found_received_at AS r
+                      FROM mailbox._inbox_gap AS s
+                     WHERE s.inbox_key = v_key AND NOT v_all
+                       AND (v_aggs IS NULL OR s.aggregate_id <> ALL (v_aggs))
+                    UNION ALL
+                    SELECT f.a, f.e, f.f, f.r
+                      FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz, g boolean)
+                     WHERE f.g) AS g);
+END
+$$;
+
+-- The unprocessed and processed counts of a tracked inbox from its table (as the owner; a
+-- managed inbox's owner is the extension owner). With p_unfolded, less the changes of the
+-- touched rows the same statement sees, which a later fold adds: so a count taken while
+-- writers commit is neither lost nor counted twice.
+CREATE OR REPLACE FUNCTION mailbox._inbox_count_rows(p_inbox mailbox._inbox, p_unfolded boolean)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+BEGIN
+    RETURN mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+        'SELECT pg_catalog.jsonb_build_object(''unprocessed'', (SELECT pg_catalog.count(*) FROM %1$s AS t'
+        ' WHERE t.%2$I IS NULL) - u.du, ''processed'', (SELECT pg_catalog.count(*) FROM %1$s AS t'
+        ' WHERE t.%2$I IS NOT NULL) - u.dp) FROM (SELECT coalesce(pg_catalog.sum(x.d_unprocessed), 0) AS du,'
+        ' coalesce(pg_catalog.sum(x.d_processed), 0) AS dp FROM mailbox._inbox_gap_touched AS x'
+        ' WHERE x.inbox_key = %3$s AND %4$s) AS u',
+        mailbox._inbox_current_table(p_inbox), c ->> 'processed_at', p_inbox.inbox_key,
+        CASE WHEN p_unfolded THEN 'TRUE' ELSE 'FALSE' END));
+END
+$$;
+
+-- The unprocessed and processed counts of a tracked inbox now: those of the last fold plus
+-- the changes of the touched rows this statement sees (exact for its snapshot), or counted
+-- from the table when a touched row asks for it (TRUNCATE) or nothing was folded yet.
+CREATE OR REPLACE FUNCTION mailbox._inbox_kept_counts(p_inbox mailbox._inbox)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_counts jsonb;
+BEGIN
+    SELECT CASE WHEN NOT coalesce(pg_catalog.bool_or(t.inbox_key IS NOT NULL
+                                                  AND (t.d_unprocessed IS NULL OR t.d_processed IS NULL)), FALSE)
+                THEN pg_catalog.jsonb_build_object(
+                    'unprocessed', n.unprocessed + coalesce(pg_catalog.sum(t.d_unprocessed), 0),
+                    'processed', n.processed + coalesce(pg_catalog.sum(t.d_processed), 0)) END
+      INTO v_counts
+      FROM mailbox._inbox_count AS n
+      LEFT JOIN mailbox._inbox_gap_touched AS t ON t.inbox_key = n.inbox_key
+     WHERE n.inbox_key = p_inbox.inbox_key
+     GROUP BY n.unprocessed, n.processed;
+    RETURN coalesce(v_counts, mailbox._inbox_count_rows(p_inbox, FALSE));
+END
+$$;
+
+-- The rows of inbox_ordering_gaps: a managed inbox that can fold reads its kept gaps in index
+-- order (a volatile function, so the read sees the fold's writes); otherwise the gap list.
+CREATE OR REPLACE FUNCTION mailbox._inbox_gap_rows(p_inbox mailbox._inbox)
+RETURNS TABLE (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF mailbox._inbox_gap_tracked(p_inbox) AND mailbox._inbox_gap_refresh(p_inbox) THEN
+        RETURN QUERY
+        SELECT g.aggregate_id, g.expected_seq, g.found_seq,
+               pg_catalog.date_part('epoch', pg_catalog.now() - g.found_received_at)
+          FROM mailbox._inbox_gap AS g
+         WHERE g.inbox_key = p_inbox.inbox_key
+         ORDER BY g.aggregate_id, g.expected_seq;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec
+      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_gap_list(p_inbox))
+           AS g (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
+     ORDER BY g.aggregate_id, g.expected_seq;
+END
+$$;
+
 -- sql/functions/34_inbox_gap_state.sql
 -- Part 34 (gap state): the ordering gaps of a managed ordered inbox, kept so that
 -- inbox_ordering_gaps and inbox_health cost what changed since they last ran, not the whole
@@ -5348,15 +5626,20 @@ COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 --   * statement triggers on the inbox table (AFTER INSERT / UPDATE / DELETE with transition
 --     tables, AFTER TRUNCATE) record which aggregates a statement touched in
 --     mailbox._inbox_gap_touched, in the writer's transaction: one insert-only row per
---     statement (the array of its aggregates), no lock on anything shared, so racing
+--     statement (the array of its aggregates, for an INSERT the lowest sequence it added to
+--     each, and the statement's change of the unprocessed and processed counts), no lock on
+--     anything shared, so racing
 --     receivers never wait for each other, and a row commits (or aborts) with the messages
 --     it stands for. Every writer is seen: inbox_receive, the batch forms, marks, replay,
 --     retention, and plain INSERT / UPDATE / DELETE by hand. A row with NULL aggregates
 --     means "every aggregate" (TRUNCATE, enabling ordering);
---   * mailbox._inbox_gap holds every gap of the inbox as of the last fold. A fold (when
---     inbox_ordering_gaps, inbox_health or maintenance read the gaps) deletes the touched
---     rows it sees, recomputes the gaps of exactly those aggregates from the table (the SQL
---     of gaps_<i> restricted to them, run as the table owner) and replaces their rows.
+--   * mailbox._inbox_gap holds every gap of the inbox as of the last fold, _inbox_gap_head
+--     each aggregate's highest unprocessed sequence and _inbox_count the message counts. A
+--     fold (part 34, gap fold: when inbox_ordering_gaps, inbox_health or maintenance read the
+--     gaps) deletes the touched rows it sees, adds their count changes, and reads again from
+--     the table (as its owner) exactly the aggregates they name: from the head on for an
+--     aggregate only appended to (every INSERT above its head), keeping its gaps; from its
+--     position for any other, replacing its gaps and head.
 -- Correct under concurrency because the touched rows are read (and deleted) by one statement
 -- and the aggregates recomputed by a later one: whatever the first saw committed, the second
 -- sees too, and a writer that commits after the first leaves its row for the next fold.
@@ -5364,8 +5647,14 @@ COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 -- overwrite a newer one with an older snapshot; a caller that cannot fold (lock busy,
 -- REPEATABLE READ or SERIALIZABLE, a read-only transaction or a standby) computes the same
 -- answer without writing: the stored gaps of untouched aggregates plus the touched ones
--- recomputed. Aggregate positions (last_seq) move only when a message is marked processed,
--- which updates its row (touched), or when ordering is enabled (everything touched).
+-- recomputed, the stored counts plus the changes of the touched rows its statement sees.
+-- A count taken from the table during a fold subtracts, in the same statement, the changes
+-- of the touched rows that statement sees but the fold did not take (a later fold adds
+-- them), so nothing is counted twice. A head is only ever too high for an aggregate whose
+-- touched row the fold did not take: that row's lowest sequence is then not above the head
+-- and the next fold reads the aggregate from its position. Aggregate positions (last_seq)
+-- move only when a message is marked processed, which updates its row (touched), or when
+-- ordering is enabled (everything touched).
 --
 -- Only managed inboxes (create_inbox) get the triggers: pg_mailbox adds nothing to a table it
 -- adopted (enable_inbox_tracking), so an adopted ordered inbox still finds its gaps by the
@@ -5400,27 +5689,43 @@ BEGIN
         RAISE EXCEPTION 'inbox function touch of inbox %% must run as %%', %6$L, %5$L::pg_catalog.name
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
+    -- sequence it added to each) and the change of the unprocessed and processed counts
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT n.%1$I::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
-             WHERE n.%3$I IS NULL AND n.%1$I IS NOT NULL AND n.%2$I IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+            SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
+                   pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+              FROM (SELECT CASE WHEN n.%3$I IS NULL AND n.%2$I IS NOT NULL THEN n.%1$I::pg_catalog.text END AS agg,
+                           pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp
+                      FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
+        -- an UPDATE keeps the number of rows: processed changes by minus the unprocessed change
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), NULL, c.du, -c.du FROM (
             SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
                 SELECT o.%1$I::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.%1$I IS NOT NULL
                 UNION ALL
-                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x
-         WHERE x.aggs IS NOT NULL;
+                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x,
+            (SELECT (SELECT pg_catalog.count(*) FROM mailbox_new_rows AS n WHERE n.%3$I IS NULL)
+                    OPERATOR(pg_catalog.-)
+                    (SELECT pg_catalog.count(*) FROM mailbox_old_rows AS o WHERE o.%3$I IS NULL) AS du) AS c
+         WHERE x.aggs IS NOT NULL OR c.du OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
-             WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), NULL, -x.du, -x.dp FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text)
+                       FILTER (WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS aggs,
+                   pg_catalog.count(*) FILTER (WHERE o.%3$I IS NULL) AS du,
+                   pg_catalog.count(*) FILTER (WHERE o.%3$I IS NOT NULL) AS dp
+              FROM mailbox_old_rows AS o) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSE
+        -- TRUNCATE: every aggregate, and count again
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (%4$s, NULL);
     END IF;
     RETURN NULL;
@@ -5454,6 +5759,8 @@ BEGIN
     END IF;
     DELETE FROM mailbox._inbox_gap WHERE inbox_key = p_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_touched WHERE inbox_key = p_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_gap_head WHERE inbox_key = p_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_count WHERE inbox_key = p_inbox.inbox_key;
 END
 $$;
 
@@ -5502,72 +5809,6 @@ BEGIN
         'CREATE TRIGGER mailbox_gap_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
         v_table, v_fn);
     INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (p_inbox.inbox_key, NULL);
-END
-$$;
-
--- Every gap of a tracked inbox as the jsonb array of _inbox_gap_list (part 34), ordered by
--- aggregate and expected sequence: folds what was touched since the last fold (see above)
--- when it can, else computes the same answer without writing.
-CREATE OR REPLACE FUNCTION mailbox._inbox_gap_fold(p_inbox mailbox._inbox)
-RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_key int := p_inbox.inbox_key;
-    v_persist boolean := pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                         AND pg_catalog.current_setting('transaction_read_only') = 'off';
-    v_all boolean;
-    v_aggs text[];
-    v_fresh jsonb := '[]';
-BEGIN
-    -- one fold of an inbox at a time: (7168635, inbox_key), see part 05
-    v_persist := v_persist AND pg_catalog.pg_try_advisory_xact_lock(7168635, v_key);
-    IF v_persist THEN
-        WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key
-                      RETURNING t.aggregate_ids)
-        SELECT coalesce(pg_catalog.bool_or(gone.aggregate_ids IS NULL), FALSE),
-               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM gone AS g2, pg_catalog.unnest(g2.aggregate_ids) AS a (agg))
-          INTO v_all, v_aggs FROM gone;
-    ELSE
-        WITH seen AS (SELECT t.aggregate_ids FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key)
-        SELECT coalesce(pg_catalog.bool_or(seen.aggregate_ids IS NULL), FALSE),
-               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM seen AS s2, pg_catalog.unnest(s2.aggregate_ids) AS a (agg))
-          INTO v_all, v_aggs FROM seen;
-    END IF;
-    IF v_all OR v_aggs IS NOT NULL THEN
-        -- read in a later statement than the touched rows: it sees every message they stand for
-        v_fresh := mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-            'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''a'', g.aggregate_id,'
-            ' ''e'', g.expected_seq, ''f'', g.found_seq, ''r'', g.found_received_at)), ''[]'') FROM (%s) AS g',
-            mailbox._inbox_gaps_sql(p_inbox, mailbox._inbox_current_table(p_inbox), NOT v_all)),
-            NULL, v_aggs);
-    END IF;
-    IF v_persist THEN
-        IF v_all THEN
-            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key;
-        ELSIF v_aggs IS NOT NULL THEN
-            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key AND g.aggregate_id = ANY (v_aggs);
-        END IF;
-        INSERT INTO mailbox._inbox_gap (inbox_key, aggregate_id, expected_seq, found_seq, found_received_at)
-        SELECT v_key, f.a, f.e, f.f, f.r
-          FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz);
-        -- the stored gaps are now current for every aggregate
-        v_all := FALSE;
-        v_aggs := NULL;
-        v_fresh := '[]';
-    END IF;
-    RETURN (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-                        'aggregate_id', g.a, 'expected_seq', g.e, 'found_seq', g.f,
-                        'gap_age_sec', pg_catalog.date_part('epoch', pg_catalog.now() - g.r))
-                        ORDER BY g.a, g.e), '[]')
-              FROM (SELECT s.aggregate_id AS a, s.expected_seq AS e, s.found_seq AS f, s.found_received_at AS r
-                      FROM mailbox._inbox_gap AS s
-                     WHERE s.inbox_key = v_key AND NOT v_all
-                       AND (v_aggs IS NULL OR s.aggregate_id <> ALL (v_aggs))
-                    UNION ALL
-                    SELECT f.a, f.e, f.f, f.r
-                      FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz)) AS g);
 END
 $$;
 
@@ -5769,11 +6010,7 @@ BEGIN
         RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
             USING ERRCODE = '55000', HINT = 'Enable it with mailbox.enable_inbox_ordering().';
     END IF;
-    RETURN QUERY
-    SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec
-      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_gap_list(v_inbox))
-           AS g (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
-     ORDER BY g.aggregate_id, g.expected_seq;
+    RETURN QUERY SELECT * FROM mailbox._inbox_gap_rows(v_inbox);
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_ordering_gaps(text) IS
@@ -6828,9 +7065,22 @@ DECLARE
     v_sql text := 'SELECT pg_catalog.jsonb_build_object(''pending'', u.pending, ''dead'', u.dead,'
                   ' ''processed'', u.processed, ''oldest_age'', u.oldest_age)';
     v_from text;
+    v_gaps int;
+    v_kept bigint[];
 BEGIN
     IF v_table IS NULL THEN
         RETURN NULL;
+    END IF;
+    -- a managed ordered inbox keeps its gaps and counts (part 34, gap fold): fold first, then
+    -- the kept counts are current (docs/inbox-ordering.md, "How gaps are kept")
+    IF mailbox._inbox_gap_tracked(p_inbox) THEN
+        IF mailbox._inbox_gap_refresh(p_inbox) THEN
+            SELECT pg_catalog.count(*) INTO v_gaps FROM mailbox._inbox_gap AS g WHERE g.inbox_key = p_inbox.inbox_key;
+        ELSE
+            v_gaps := pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox));
+        END IF;
+        SELECT ARRAY[(k.c ->> 'unprocessed')::bigint, (k.c ->> 'processed')::bigint] INTO v_kept
+          FROM (SELECT mailbox._inbox_kept_counts(p_inbox) AS c) AS k;
     END IF;
     IF p_inbox.is_managed THEN
         -- a managed table's retry_count is NOT NULL, so pending = unprocessed - dead; each count
@@ -6838,12 +7088,16 @@ BEGIN
         -- dead-letter one was made with max_retries written in, hence the literal)
         v_from := pg_catalog.format(
             ' FROM (SELECT c.unprocessed - c.dead AS pending, c.dead, c.processed, c.oldest_age FROM (SELECT'
-            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL) AS unprocessed,'
+            ' %6$s AS unprocessed,'
             ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= %5$s) AS dead,'
-            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NOT NULL) AS processed,'
+            ' %7$s AS processed,'
             ' (SELECT pg_catalog.date_part(''epoch'', pg_catalog.now() - %4$s::pg_catalog.timestamptz) FROM %1$s AS t'
             ' WHERE %2$s IS NULL AND %3$s < %5$s AND %4$s IS NOT NULL ORDER BY %4$s LIMIT 1) AS oldest_age) AS c) AS u',
-            v_table, v_proc, v_retry, v_recv, p_inbox.max_retries);
+            v_table, v_proc, v_retry, v_recv, p_inbox.max_retries,
+            CASE WHEN v_kept IS NULL THEN pg_catalog.format('(SELECT pg_catalog.count(*) FROM %s AS t WHERE %s IS NULL)',
+                                                            v_table, v_proc) ELSE '$2[1]' END,
+            CASE WHEN v_kept IS NULL THEN pg_catalog.format('(SELECT pg_catalog.count(*) FROM %s AS t WHERE %s IS NOT NULL)',
+                                                            v_table, v_proc) ELSE '$2[2]' END);
     ELSE
         v_from := pg_catalog.format(
             ' FROM (SELECT pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries) AS pending,'
@@ -6880,11 +7134,12 @@ BEGIN
                 mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
                 '_inbox_' || p_inbox.inbox_key || '_aggregate');
             -- the gaps themselves: kept by a managed inbox (part 34, gap state), else scanned
-            RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from)
-                   || pg_catalog.jsonb_build_object('gaps', pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox)));
+            RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept)
+                   || pg_catalog.jsonb_build_object('gaps', coalesce(v_gaps, pg_catalog.jsonb_array_length(
+                                                        mailbox._inbox_gap_list(p_inbox))));
         END IF;
     END IF;
-    RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from);
+    RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept);
 END
 $$;
 

@@ -161,63 +161,54 @@ $$;
 -- The per-inbox state views are security barriers, which a join cannot see into: they are
 -- read by scalar subqueries (one primary-key lookup each) in next_<i> and gaps_<i>.
 
+-- "WITH RECURSIVE aggs AS (...)" over the table p_table: every aggregate with an unprocessed
+-- sequenced message, one index probe each (a skip scan of the ordering index).
+CREATE FUNCTION mailbox._inbox_pending_aggs_sql(p_inbox mailbox._inbox, p_table text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT pg_catalog.format($a$
+WITH RECURSIVE aggs AS (
+    (SELECT t.%1$I AS agg FROM %3$s AS t
+      WHERE t.%4$I IS NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL
+      ORDER BY t.%1$I LIMIT 1)
+    UNION ALL
+    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
+        SELECT t.%1$I AS agg FROM %3$s AS t
+         WHERE t.%4$I IS NULL AND t.%1$I IS NOT NULL AND t.%2$I IS NOT NULL AND t.%1$I > a.agg
+         ORDER BY t.%1$I LIMIT 1) AS n
+)$a$, p_inbox.columns ->> 'aggregate_id', p_inbox.columns ->> 'sequence_num',
+          p_table, p_inbox.columns ->> 'processed_at');
+$$;
+
 -- The SQL of gaps_<i>: every hole in each aggregate's sequence, counting from the last
 -- processed sequence, among its unprocessed messages (dead letters are not holes). p_table
 -- is the table's name when it differs from the stored one (the control plane after a rename).
--- p_touched NULL gives the view's columns; otherwise the columns part 34 (gap state) stores,
--- (aggregate_id, expected_seq, found_seq, found_received_at), for every aggregate (FALSE) or
--- only for the aggregates of the text array $3 (TRUE).
-CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL,
-                                        p_touched boolean DEFAULT NULL)
+CREATE FUNCTION mailbox._inbox_gaps_sql(p_inbox mailbox._inbox, p_table text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     c jsonb := p_inbox.columns;
-    v_aggs text := $a$
-WITH RECURSIVE aggs AS (
-    (SELECT t.%1$s AS agg FROM %3$s AS t
-      WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL
-      ORDER BY t.%1$s LIMIT 1)
-    UNION ALL
-    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
-        SELECT t.%1$s AS agg FROM %3$s AS t
-         WHERE t.%4$s IS NULL AND t.%1$s IS NOT NULL AND t.%2$s IS NOT NULL AND t.%1$s > a.agg
-         ORDER BY t.%1$s LIMIT 1) AS n
-)$a$;
-    v_cols text := $o$a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
-       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec$o$;
+    v_table text := coalesce(p_table, mailbox._inbox_table_sql(p_inbox));
 BEGIN
-    IF p_touched THEN
-        -- the touched aggregates, as the column's type (so the ordering index is used)
-        SELECT pg_catalog.format('WITH aggs AS (SELECT DISTINCT CAST(d.agg AS %s) AS agg'
-                                 ' FROM pg_catalog.unnest($3) AS d (agg))',
-                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
-          INTO v_aggs
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
-    END IF;
-    IF p_touched IS NOT NULL THEN
-        v_cols := 'a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,'
-                  ' x.recv AS found_received_at';
-    END IF;
-    RETURN pg_catalog.format(v_aggs || $q$
-SELECT %8$s
+    RETURN mailbox._inbox_pending_aggs_sql(p_inbox, v_table) || pg_catalog.format($q$
+SELECT a.agg::text AS aggregate_id, x.prev + 1 AS expected_seq, x.seq AS found_seq,
+       pg_catalog.date_part('epoch', pg_catalog.now() - x.recv) AS gap_age_sec
   FROM aggs AS a
  CROSS JOIN mailbox.%6$I AS cfg
  CROSS JOIN LATERAL (SELECT coalesce((SELECT s.last_seq FROM mailbox.%7$I AS s WHERE s.aggregate_id = a.agg::text),
                                      cfg.ordering_first_sequence - 1) AS last_seq) AS s
  CROSS JOIN LATERAL (
-        SELECT t.%2$s::bigint AS seq, t.%5$s::timestamptz AS recv,
-               coalesce(pg_catalog.lag(t.%2$s::bigint) OVER (ORDER BY t.%2$s), s.last_seq) AS prev
+        SELECT t.%2$I::bigint AS seq, t.%5$I::timestamptz AS recv,
+               coalesce(pg_catalog.lag(t.%2$I::bigint) OVER (ORDER BY t.%2$I), s.last_seq) AS prev
           FROM %3$s AS t
-         WHERE t.%1$s = a.agg AND t.%4$s IS NULL AND t.%2$s > s.last_seq) AS x
+         WHERE t.%1$I = a.agg AND t.%4$I IS NULL AND t.%2$I > s.last_seq) AS x
  WHERE x.seq > x.prev + 1$q$,
-        pg_catalog.quote_ident(c ->> 'aggregate_id'), pg_catalog.quote_ident(c ->> 'sequence_num'),
-        coalesce(p_table, mailbox._inbox_table_sql(p_inbox)),
-        pg_catalog.quote_ident(c ->> 'processed_at'), pg_catalog.quote_ident(c ->> 'received_at'),
-        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate', v_cols);
+        c ->> 'aggregate_id', c ->> 'sequence_num', v_table, c ->> 'processed_at', c ->> 'received_at',
+        '_inbox_' || p_inbox.inbox_key || '_config', '_inbox_' || p_inbox.inbox_key || '_aggregate');
 END
 $$;
 

@@ -7,15 +7,20 @@
 --   * statement triggers on the inbox table (AFTER INSERT / UPDATE / DELETE with transition
 --     tables, AFTER TRUNCATE) record which aggregates a statement touched in
 --     mailbox._inbox_gap_touched, in the writer's transaction: one insert-only row per
---     statement (the array of its aggregates), no lock on anything shared, so racing
+--     statement (the array of its aggregates, for an INSERT the lowest sequence it added to
+--     each, and the statement's change of the unprocessed and processed counts), no lock on
+--     anything shared, so racing
 --     receivers never wait for each other, and a row commits (or aborts) with the messages
 --     it stands for. Every writer is seen: inbox_receive, the batch forms, marks, replay,
 --     retention, and plain INSERT / UPDATE / DELETE by hand. A row with NULL aggregates
 --     means "every aggregate" (TRUNCATE, enabling ordering);
---   * mailbox._inbox_gap holds every gap of the inbox as of the last fold. A fold (when
---     inbox_ordering_gaps, inbox_health or maintenance read the gaps) deletes the touched
---     rows it sees, recomputes the gaps of exactly those aggregates from the table (the SQL
---     of gaps_<i> restricted to them, run as the table owner) and replaces their rows.
+--   * mailbox._inbox_gap holds every gap of the inbox as of the last fold, _inbox_gap_head
+--     each aggregate's highest unprocessed sequence and _inbox_count the message counts. A
+--     fold (part 34, gap fold: when inbox_ordering_gaps, inbox_health or maintenance read the
+--     gaps) deletes the touched rows it sees, adds their count changes, and reads again from
+--     the table (as its owner) exactly the aggregates they name: from the head on for an
+--     aggregate only appended to (every INSERT above its head), keeping its gaps; from its
+--     position for any other, replacing its gaps and head.
 -- Correct under concurrency because the touched rows are read (and deleted) by one statement
 -- and the aggregates recomputed by a later one: whatever the first saw committed, the second
 -- sees too, and a writer that commits after the first leaves its row for the next fold.
@@ -23,8 +28,14 @@
 -- overwrite a newer one with an older snapshot; a caller that cannot fold (lock busy,
 -- REPEATABLE READ or SERIALIZABLE, a read-only transaction or a standby) computes the same
 -- answer without writing: the stored gaps of untouched aggregates plus the touched ones
--- recomputed. Aggregate positions (last_seq) move only when a message is marked processed,
--- which updates its row (touched), or when ordering is enabled (everything touched).
+-- recomputed, the stored counts plus the changes of the touched rows its statement sees.
+-- A count taken from the table during a fold subtracts, in the same statement, the changes
+-- of the touched rows that statement sees but the fold did not take (a later fold adds
+-- them), so nothing is counted twice. A head is only ever too high for an aggregate whose
+-- touched row the fold did not take: that row's lowest sequence is then not above the head
+-- and the next fold reads the aggregate from its position. Aggregate positions (last_seq)
+-- move only when a message is marked processed, which updates its row (touched), or when
+-- ordering is enabled (everything touched).
 --
 -- Only managed inboxes (create_inbox) get the triggers: pg_mailbox adds nothing to a table it
 -- adopted (enable_inbox_tracking), so an adopted ordered inbox still finds its gaps by the
@@ -59,27 +70,43 @@ BEGIN
         RAISE EXCEPTION 'inbox function touch of inbox %% must run as %%', %6$L, %5$L::pg_catalog.name
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
+    -- sequence it added to each) and the change of the unprocessed and processed counts
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT n.%1$I::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
-             WHERE n.%3$I IS NULL AND n.%1$I IS NOT NULL AND n.%2$I IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+            SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
+                   pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+              FROM (SELECT CASE WHEN n.%3$I IS NULL AND n.%2$I IS NOT NULL THEN n.%1$I::pg_catalog.text END AS agg,
+                           pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp
+                      FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
+        -- an UPDATE keeps the number of rows: processed changes by minus the unprocessed change
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), NULL, c.du, -c.du FROM (
             SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
                 SELECT o.%1$I::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.%1$I IS NOT NULL
                 UNION ALL
-                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x
-         WHERE x.aggs IS NOT NULL;
+                SELECT n.%1$I::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.%1$I IS NOT NULL) AS y) AS x,
+            (SELECT (SELECT pg_catalog.count(*) FROM mailbox_new_rows AS n WHERE n.%3$I IS NULL)
+                    OPERATOR(pg_catalog.-)
+                    (SELECT pg_catalog.count(*) FROM mailbox_old_rows AS o WHERE o.%3$I IS NULL) AS du) AS c
+         WHERE x.aggs IS NOT NULL OR c.du OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT %4$s, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
-             WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT %4$s, coalesce(x.aggs, '{}'), NULL, -x.du, -x.dp FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.%1$I::pg_catalog.text)
+                       FILTER (WHERE o.%3$I IS NULL AND o.%1$I IS NOT NULL AND o.%2$I IS NOT NULL) AS aggs,
+                   pg_catalog.count(*) FILTER (WHERE o.%3$I IS NULL) AS du,
+                   pg_catalog.count(*) FILTER (WHERE o.%3$I IS NOT NULL) AS dp
+              FROM mailbox_old_rows AS o) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSE
+        -- TRUNCATE: every aggregate, and count again
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (%4$s, NULL);
     END IF;
     RETURN NULL;
@@ -113,6 +140,8 @@ BEGIN
     END IF;
     DELETE FROM mailbox._inbox_gap WHERE inbox_key = p_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_touched WHERE inbox_key = p_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_gap_head WHERE inbox_key = p_inbox.inbox_key;
+    DELETE FROM mailbox._inbox_count WHERE inbox_key = p_inbox.inbox_key;
 END
 $$;
 
@@ -161,71 +190,5 @@ BEGIN
         'CREATE TRIGGER mailbox_gap_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
         v_table, v_fn);
     INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (p_inbox.inbox_key, NULL);
-END
-$$;
-
--- Every gap of a tracked inbox as the jsonb array of _inbox_gap_list (part 34), ordered by
--- aggregate and expected sequence: folds what was touched since the last fold (see above)
--- when it can, else computes the same answer without writing.
-CREATE FUNCTION mailbox._inbox_gap_fold(p_inbox mailbox._inbox)
-RETURNS jsonb
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_key int := p_inbox.inbox_key;
-    v_persist boolean := pg_catalog.current_setting('transaction_isolation') = 'read committed'
-                         AND pg_catalog.current_setting('transaction_read_only') = 'off';
-    v_all boolean;
-    v_aggs text[];
-    v_fresh jsonb := '[]';
-BEGIN
-    -- one fold of an inbox at a time: (7168635, inbox_key), see part 05
-    v_persist := v_persist AND pg_catalog.pg_try_advisory_xact_lock(7168635, v_key);
-    IF v_persist THEN
-        WITH gone AS (DELETE FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key
-                      RETURNING t.aggregate_ids)
-        SELECT coalesce(pg_catalog.bool_or(gone.aggregate_ids IS NULL), FALSE),
-               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM gone AS g2, pg_catalog.unnest(g2.aggregate_ids) AS a (agg))
-          INTO v_all, v_aggs FROM gone;
-    ELSE
-        WITH seen AS (SELECT t.aggregate_ids FROM mailbox._inbox_gap_touched AS t WHERE t.inbox_key = v_key)
-        SELECT coalesce(pg_catalog.bool_or(seen.aggregate_ids IS NULL), FALSE),
-               (SELECT pg_catalog.array_agg(DISTINCT a.agg) FROM seen AS s2, pg_catalog.unnest(s2.aggregate_ids) AS a (agg))
-          INTO v_all, v_aggs FROM seen;
-    END IF;
-    IF v_all OR v_aggs IS NOT NULL THEN
-        -- read in a later statement than the touched rows: it sees every message they stand for
-        v_fresh := mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-            'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''a'', g.aggregate_id,'
-            ' ''e'', g.expected_seq, ''f'', g.found_seq, ''r'', g.found_received_at)), ''[]'') FROM (%s) AS g',
-            mailbox._inbox_gaps_sql(p_inbox, mailbox._inbox_current_table(p_inbox), NOT v_all)),
-            NULL, v_aggs);
-    END IF;
-    IF v_persist THEN
-        IF v_all THEN
-            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key;
-        ELSIF v_aggs IS NOT NULL THEN
-            DELETE FROM mailbox._inbox_gap AS g WHERE g.inbox_key = v_key AND g.aggregate_id = ANY (v_aggs);
-        END IF;
-        INSERT INTO mailbox._inbox_gap (inbox_key, aggregate_id, expected_seq, found_seq, found_received_at)
-        SELECT v_key, f.a, f.e, f.f, f.r
-          FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz);
-        -- the stored gaps are now current for every aggregate
-        v_all := FALSE;
-        v_aggs := NULL;
-        v_fresh := '[]';
-    END IF;
-    RETURN (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-                        'aggregate_id', g.a, 'expected_seq', g.e, 'found_seq', g.f,
-                        'gap_age_sec', pg_catalog.date_part('epoch', pg_catalog.now() - g.r))
-                        ORDER BY g.a, g.e), '[]')
-              FROM (SELECT s.aggregate_id AS a, s.expected_seq AS e, s.found_seq AS f, s.found_received_at AS r
-                      FROM mailbox._inbox_gap AS s
-                     WHERE s.inbox_key = v_key AND NOT v_all
-                       AND (v_aggs IS NULL OR s.aggregate_id <> ALL (v_aggs))
-                    UNION ALL
-                    SELECT f.a, f.e, f.f, f.r
-                      FROM pg_catalog.jsonb_to_recordset(v_fresh) AS f (a text, e bigint, f bigint, r timestamptz)) AS g);
 END
 $$;

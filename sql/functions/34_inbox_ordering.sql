@@ -195,11 +195,7 @@ BEGIN
         RAISE EXCEPTION 'inbox ordering not enabled: %', p_inbox
             USING ERRCODE = '55000', HINT = 'Enable it with mailbox.enable_inbox_ordering().';
     END IF;
-    RETURN QUERY
-    SELECT g.aggregate_id, g.expected_seq, g.found_seq, g.gap_age_sec
-      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_gap_list(v_inbox))
-           AS g (aggregate_id text, expected_seq bigint, found_seq bigint, gap_age_sec double precision)
-     ORDER BY g.aggregate_id, g.expected_seq;
+    RETURN QUERY SELECT * FROM mailbox._inbox_gap_rows(v_inbox);
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_ordering_gaps(text) IS

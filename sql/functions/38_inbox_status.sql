@@ -23,9 +23,22 @@ DECLARE
     v_sql text := 'SELECT pg_catalog.jsonb_build_object(''pending'', u.pending, ''dead'', u.dead,'
                   ' ''processed'', u.processed, ''oldest_age'', u.oldest_age)';
     v_from text;
+    v_gaps int;
+    v_kept bigint[];
 BEGIN
     IF v_table IS NULL THEN
         RETURN NULL;
+    END IF;
+    -- a managed ordered inbox keeps its gaps and counts (part 34, gap fold): fold first, then
+    -- the kept counts are current (docs/inbox-ordering.md, "How gaps are kept")
+    IF mailbox._inbox_gap_tracked(p_inbox) THEN
+        IF mailbox._inbox_gap_refresh(p_inbox) THEN
+            SELECT pg_catalog.count(*) INTO v_gaps FROM mailbox._inbox_gap AS g WHERE g.inbox_key = p_inbox.inbox_key;
+        ELSE
+            v_gaps := pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox));
+        END IF;
+        SELECT ARRAY[(k.c ->> 'unprocessed')::bigint, (k.c ->> 'processed')::bigint] INTO v_kept
+          FROM (SELECT mailbox._inbox_kept_counts(p_inbox) AS c) AS k;
     END IF;
     IF p_inbox.is_managed THEN
         -- a managed table's retry_count is NOT NULL, so pending = unprocessed - dead; each count
@@ -33,12 +46,16 @@ BEGIN
         -- dead-letter one was made with max_retries written in, hence the literal)
         v_from := pg_catalog.format(
             ' FROM (SELECT c.unprocessed - c.dead AS pending, c.dead, c.processed, c.oldest_age FROM (SELECT'
-            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL) AS unprocessed,'
+            ' %6$s AS unprocessed,'
             ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NULL AND %3$s >= %5$s) AS dead,'
-            ' (SELECT pg_catalog.count(*) FROM %1$s AS t WHERE %2$s IS NOT NULL) AS processed,'
+            ' %7$s AS processed,'
             ' (SELECT pg_catalog.date_part(''epoch'', pg_catalog.now() - %4$s::pg_catalog.timestamptz) FROM %1$s AS t'
             ' WHERE %2$s IS NULL AND %3$s < %5$s AND %4$s IS NOT NULL ORDER BY %4$s LIMIT 1) AS oldest_age) AS c) AS u',
-            v_table, v_proc, v_retry, v_recv, p_inbox.max_retries);
+            v_table, v_proc, v_retry, v_recv, p_inbox.max_retries,
+            CASE WHEN v_kept IS NULL THEN pg_catalog.format('(SELECT pg_catalog.count(*) FROM %s AS t WHERE %s IS NULL)',
+                                                            v_table, v_proc) ELSE '$2[1]' END,
+            CASE WHEN v_kept IS NULL THEN pg_catalog.format('(SELECT pg_catalog.count(*) FROM %s AS t WHERE %s IS NOT NULL)',
+                                                            v_table, v_proc) ELSE '$2[2]' END);
     ELSE
         v_from := pg_catalog.format(
             ' FROM (SELECT pg_catalog.count(*) FILTER (WHERE %2$s IS NULL AND %3$s < ($1).max_retries) AS pending,'
@@ -75,11 +92,12 @@ BEGIN
                 mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
                 '_inbox_' || p_inbox.inbox_key || '_aggregate');
             -- the gaps themselves: kept by a managed inbox (part 34, gap state), else scanned
-            RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from)
-                   || pg_catalog.jsonb_build_object('gaps', pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox)));
+            RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept)
+                   || pg_catalog.jsonb_build_object('gaps', coalesce(v_gaps, pg_catalog.jsonb_array_length(
+                                                        mailbox._inbox_gap_list(p_inbox))));
         END IF;
     END IF;
-    RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from);
+    RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept);
 END
 $$;
 

@@ -12,8 +12,9 @@
 
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array
--- of its aggregates, written by the inbox table's triggers in the writer's transaction; NULL
--- aggregates mean all of them). No index on _inbox_gap_touched: it stays small between folds,
+-- of its aggregates and its count changes, written by the inbox table's triggers in the
+-- writer's transaction; NULL aggregates mean all of them), the highest sequence per aggregate
+-- and the message counts as of that fold. No index on _inbox_gap_touched: it stays small between folds,
 -- and the receive path pays one heap insert per statement, nothing more.
 CREATE TABLE mailbox._inbox_gap (
     inbox_key int NOT NULL,
@@ -28,11 +29,40 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap', '');
 
 CREATE TABLE mailbox._inbox_gap_touched (
     inbox_key int NOT NULL,
-    aggregate_ids text[]
+    aggregate_ids text[],
+    -- per aggregate of aggregate_ids, the lowest sequence an INSERT added (an appended run can
+    -- be folded without re-reading the aggregate); NULL for UPDATE and DELETE
+    min_seqs bigint[],
+    -- the statement's change of the unprocessed and processed counts (NULL: count again)
+    d_unprocessed bigint,
+    d_processed bigint
 );
 COMMENT ON TABLE mailbox._inbox_gap_touched IS
 'pg_mailbox: aggregates of managed ordered inboxes whose gaps changed since the last fold';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_touched', '');
+
+-- Per aggregate with unprocessed messages above its position at the last fold, the highest
+-- such sequence (an aggregate without a row had none): a later INSERT only above it appends.
+CREATE TABLE mailbox._inbox_gap_head (
+    inbox_key int NOT NULL,
+    aggregate_id text NOT NULL,
+    high_seq bigint NOT NULL,
+    PRIMARY KEY (inbox_key, aggregate_id)
+);
+COMMENT ON TABLE mailbox._inbox_gap_head IS
+'pg_mailbox: highest unprocessed sequence per aggregate of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_gap_head', '');
+
+-- The unprocessed and processed message counts of a managed ordered inbox as of its last fold
+-- (inbox_health adds the deltas of the touched rows it sees).
+CREATE TABLE mailbox._inbox_count (
+    inbox_key int PRIMARY KEY,
+    unprocessed bigint NOT NULL,
+    processed bigint NOT NULL
+);
+COMMENT ON TABLE mailbox._inbox_count IS
+'pg_mailbox: message counts of a managed ordered inbox as of its last fold';
+SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (
@@ -51,4 +81,3 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._partition_change', '');
 DROP FUNCTION mailbox._check_capturable(oid);
 DROP FUNCTION mailbox._inbox_map_column(mailbox._inbox, text, text, text[]);
 DROP FUNCTION mailbox._inbox_tracking_py(oid, jsonb, jsonb);
-DROP FUNCTION mailbox._inbox_gaps_sql(mailbox._inbox, text);

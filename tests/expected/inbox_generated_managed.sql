@@ -240,27 +240,43 @@ BEGIN
         RAISE EXCEPTION 'inbox function touch of inbox % must run as %', 'gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
+    -- sequence it added to each) and the change of the unprocessed and processed counts
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT 1, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT n.aggregate_id::pg_catalog.text) AS aggs FROM mailbox_new_rows AS n
-             WHERE n.processed_at IS NULL AND n.aggregate_id IS NOT NULL AND n.sequence_num IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT 1, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+            SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
+                   pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+              FROM (SELECT CASE WHEN n.processed_at IS NULL AND n.sequence_num IS NOT NULL THEN n.aggregate_id::pg_catalog.text END AS agg,
+                           pg_catalog.min(n.sequence_num::pg_catalog.int8) AS mn,
+                           pg_catalog.count(*) FILTER (WHERE n.processed_at IS NULL) AS du,
+                           pg_catalog.count(*) FILTER (WHERE n.processed_at IS NOT NULL) AS dp
+                      FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT 1, x.aggs FROM (
+        -- an UPDATE keeps the number of rows: processed changes by minus the unprocessed change
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT 1, coalesce(x.aggs, '{}'), NULL, c.du, -c.du FROM (
             SELECT pg_catalog.array_agg(DISTINCT y.agg) AS aggs FROM (
                 SELECT o.aggregate_id::pg_catalog.text AS agg FROM mailbox_old_rows AS o WHERE o.aggregate_id IS NOT NULL
                 UNION ALL
-                SELECT n.aggregate_id::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.aggregate_id IS NOT NULL) AS y) AS x
-         WHERE x.aggs IS NOT NULL;
+                SELECT n.aggregate_id::pg_catalog.text FROM mailbox_new_rows AS n WHERE n.aggregate_id IS NOT NULL) AS y) AS x,
+            (SELECT (SELECT pg_catalog.count(*) FROM mailbox_new_rows AS n WHERE n.processed_at IS NULL)
+                    OPERATOR(pg_catalog.-)
+                    (SELECT pg_catalog.count(*) FROM mailbox_old_rows AS o WHERE o.processed_at IS NULL) AS du) AS c
+         WHERE x.aggs IS NOT NULL OR c.du OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids)
-        SELECT 1, x.aggs FROM (
-            SELECT pg_catalog.array_agg(DISTINCT o.aggregate_id::pg_catalog.text) AS aggs FROM mailbox_old_rows AS o
-             WHERE o.processed_at IS NULL AND o.aggregate_id IS NOT NULL AND o.sequence_num IS NOT NULL) AS x
-         WHERE x.aggs IS NOT NULL;
+        INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
+        SELECT 1, coalesce(x.aggs, '{}'), NULL, -x.du, -x.dp FROM (
+            SELECT pg_catalog.array_agg(DISTINCT o.aggregate_id::pg_catalog.text)
+                       FILTER (WHERE o.processed_at IS NULL AND o.aggregate_id IS NOT NULL AND o.sequence_num IS NOT NULL) AS aggs,
+                   pg_catalog.count(*) FILTER (WHERE o.processed_at IS NULL) AS du,
+                   pg_catalog.count(*) FILTER (WHERE o.processed_at IS NOT NULL) AS dp
+              FROM mailbox_old_rows AS o) AS x
+         WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSE
+        -- TRUNCATE: every aggregate, and count again
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids) VALUES (1, NULL);
     END IF;
     RETURN NULL;
