@@ -5170,10 +5170,13 @@ BEGIN
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
-    -- 1. the candidates, locked (the generated function, as the table owner)
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3)', '_inbox_' || v_inbox.inbox_key || '_claim')
+    -- 1. the candidates, locked (the generated function, as the table owner); without a lease
+    -- row in the inbox it skips its per-row lease probes (only an optimisation: what decides
+    -- is step 2)
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_claim')
         INTO v_rows
-        USING v_inbox, p_batch_size, v_now;
+        USING v_inbox, p_batch_size, v_now,
+              EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key);
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
@@ -5181,16 +5184,19 @@ BEGIN
     -- is open; keep those without a live lease or retry time now (this statement's snapshot
     -- postdates the locks, so it sees any lease committed before them) and record the claim in
     -- one row, which becomes lease rows at commit for what is still pending (part 37, claim
-    -- settle)
+    -- settle). When that statement finds no lease row of the inbox at all, it would find none
+    -- for any of these rows: one index probe then stands for the per-row re-read.
     IF v_inbox.ordering_first_sequence IS NULL
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        -- (a filtered scan of the array keeps its order)
-        v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
-                         WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
-                                            WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
-                                              AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
-        IF pg_catalog.cardinality(v_rows) = 0 THEN
-            RETURN;
+        IF EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) THEN
+            -- (a filtered scan of the array keeps its order)
+            v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
+                             WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
+                                                WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
+                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
+            IF pg_catalog.cardinality(v_rows) = 0 THEN
+                RETURN;
+            END IF;
         END IF;
         INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
         VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
@@ -6253,8 +6259,14 @@ AS $$
         mailbox._inbox_item(p_columns, 'received_at', 'timestamptz'));
 $$;
 
--- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
--- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
+-- claim(row, batch size, now, leases exist): the candidates, locked, oldest (lowest priority)
+-- first; inbox_claim then leases them, and that upsert (or, in READ COMMITTED, its re-read of
+-- the leases) decides who wins a message (see part 33). The per-row lease probe only spares
+-- locking a leased message: inbox_claim passes FALSE as $4 when the inbox had no lease row at
+-- all a moment before (the documented claim-and-mark-in-one-transaction pattern writes none),
+-- and then it is skipped (OR stops at the first true arm). A lease committed in between is
+-- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
+-- probes.
 -- The per-inbox views are security barriers, which a join cannot see into: their probes are
 -- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
 -- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
@@ -6274,9 +6286,9 @@ AS $$
                pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
-                   AND NOT EXISTS (SELECT 1 FROM %7$s AS l
+                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM %7$s AS l
                                     WHERE l.event_id = t.%8$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY %2$s
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t
@@ -6477,7 +6489,7 @@ BEGIN
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
         'boolean', '', mailbox._inbox_build_receive(p_inbox));
-    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz', 'mailbox._inbox_message[]', '',
+    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz, boolean', 'mailbox._inbox_message[]', '',
         mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;
@@ -6938,7 +6950,8 @@ COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) IS
 -- claimer whose statement snapshot predates that commit can still lock the row after it,
 -- so inbox_claim re-reads the leases of the rows it locked in a new statement (a new
 -- snapshot in READ COMMITTED, taken after the lock was granted, so after that commit) and
--- keeps only those without a live lease or pending retry time. Under REPEATABLE READ or
+-- keeps only those without a live lease or pending retry time (that statement is skipped
+-- when a probe after the locks finds no lease row of the inbox at all). Under REPEATABLE READ or
 -- SERIALIZABLE a statement cannot see past the transaction's snapshot, so there (and for
 -- ordered inboxes, whose claim reads other messages' leases to keep one message of an
 -- aggregate in flight) inbox_claim writes the lease rows at once and the ON CONFLICT

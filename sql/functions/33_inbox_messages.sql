@@ -140,10 +140,13 @@ BEGIN
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
-    -- 1. the candidates, locked (the generated function, as the table owner)
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3)', '_inbox_' || v_inbox.inbox_key || '_claim')
+    -- 1. the candidates, locked (the generated function, as the table owner); without a lease
+    -- row in the inbox it skips its per-row lease probes (only an optimisation: what decides
+    -- is step 2)
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_claim')
         INTO v_rows
-        USING v_inbox, p_batch_size, v_now;
+        USING v_inbox, p_batch_size, v_now,
+              EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key);
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
@@ -151,16 +154,19 @@ BEGIN
     -- is open; keep those without a live lease or retry time now (this statement's snapshot
     -- postdates the locks, so it sees any lease committed before them) and record the claim in
     -- one row, which becomes lease rows at commit for what is still pending (part 37, claim
-    -- settle)
+    -- settle). When that statement finds no lease row of the inbox at all, it would find none
+    -- for any of these rows: one index probe then stands for the per-row re-read.
     IF v_inbox.ordering_first_sequence IS NULL
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        -- (a filtered scan of the array keeps its order)
-        v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
-                         WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
-                                            WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
-                                              AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
-        IF pg_catalog.cardinality(v_rows) = 0 THEN
-            RETURN;
+        IF EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) THEN
+            -- (a filtered scan of the array keeps its order)
+            v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
+                             WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
+                                                WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
+                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
+            IF pg_catalog.cardinality(v_rows) = 0 THEN
+                RETURN;
+            END IF;
         END IF;
         INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
         VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,

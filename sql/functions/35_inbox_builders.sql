@@ -136,8 +136,14 @@ AS $$
         mailbox._inbox_item(p_columns, 'received_at', 'timestamptz'));
 $$;
 
--- claim(row, batch size, now): the candidates, locked, oldest (lowest priority) first;
--- inbox_claim then leases them, and that upsert decides who wins a message (see part 33).
+-- claim(row, batch size, now, leases exist): the candidates, locked, oldest (lowest priority)
+-- first; inbox_claim then leases them, and that upsert (or, in READ COMMITTED, its re-read of
+-- the leases) decides who wins a message (see part 33). The per-row lease probe only spares
+-- locking a leased message: inbox_claim passes FALSE as $4 when the inbox had no lease row at
+-- all a moment before (the documented claim-and-mark-in-one-transaction pattern writes none),
+-- and then it is skipped (OR stops at the first true arm). A lease committed in between is
+-- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
+-- probes.
 -- The per-inbox views are security barriers, which a join cannot see into: their probes are
 -- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
 -- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
@@ -157,9 +163,9 @@ AS $$
                pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
-                   AND NOT EXISTS (SELECT 1 FROM %7$s AS l
+                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM %7$s AS l
                                     WHERE l.event_id = t.%8$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY %2$s
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t

@@ -142,7 +142,7 @@ BEGIN
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
         'boolean', '', mailbox._inbox_build_receive(p_inbox));
-    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz', 'mailbox._inbox_message[]', '',
+    PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz, boolean', 'mailbox._inbox_message[]', '',
         mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;

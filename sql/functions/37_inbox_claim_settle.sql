@@ -18,7 +18,8 @@
 -- claimer whose statement snapshot predates that commit can still lock the row after it,
 -- so inbox_claim re-reads the leases of the rows it locked in a new statement (a new
 -- snapshot in READ COMMITTED, taken after the lock was granted, so after that commit) and
--- keeps only those without a live lease or pending retry time. Under REPEATABLE READ or
+-- keeps only those without a live lease or pending retry time (that statement is skipped
+-- when a probe after the locks finds no lease row of the inbox at all). Under REPEATABLE READ or
 -- SERIALIZABLE a statement cannot see past the transaction's snapshot, so there (and for
 -- ordered inboxes, whose claim reads other messages' leases to keep one message of an
 -- aggregate in flight) inbox_claim writes the lease rows at once and the ON CONFLICT

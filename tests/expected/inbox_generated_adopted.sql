@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone)
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone, boolean)
  RETURNS mailbox._inbox_message[]
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -24,9 +24,9 @@ BEGIN
                pg_catalog.row_number() OVER (ORDER BY t.got) AS n
           FROM (SELECT t.* FROM public.legacy AS t
                  WHERE t.done IS NULL AND t.tries < ($1).max_retries
-                   AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
+                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
                                     WHERE l.event_id = t.id::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY t.got
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t

@@ -1,4 +1,4 @@
-CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone)
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone, boolean)
  RETURNS mailbox._inbox_message[]
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -42,9 +42,9 @@ SELECT m.* FROM heads AS h
  WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox._inbox_1_aggregate AS s WHERE s.aggregate_id = h.agg::text),
                          cfg.ordering_first_sequence - 1) + 1
    AND m.retry_count < cfg.max_retries) AS n WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = n.event_id::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = n.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = n.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = s.event_id::text AND l.lease_until > $3 OFFSET 0) OFFSET 0) ORDER BY n.received_at LIMIT $2 * 4 + 16))
-                   AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
+                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
                                     WHERE l.event_id = t.event_id::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY t.received_at
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t
