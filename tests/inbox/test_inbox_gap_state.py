@@ -380,6 +380,40 @@ def test_receivers_of_one_aggregate_do_not_wait_for_each_other(g, connect):
     assert check(g) == [("A", 1, 5), ("A", 7, 8)]
 
 
+def test_a_receive_committed_during_a_recount_is_counted_once(g, connect):
+    """The first fold counts the table. A receive that commits after the fold took the touched
+    rows but before its count runs is in both the table and an unfolded touched row: the count
+    subtracts that row's change, so the message is counted once. The fold is held between the
+    two by a lock on the counts table (the count waits for it, then takes its snapshot)."""
+    db = g
+    receive(db, "a1", "A", 1)  # ordering was just enabled: the next fold recounts
+    locker = connect(autocommit=False)
+    locker.execute("LOCK TABLE mailbox._inbox_count IN ACCESS EXCLUSIVE MODE")
+    reader = connect()
+    done = {}
+    t = threading.Thread(
+        target=lambda: done.setdefault("health", scalar(reader, "SELECT mailbox.inbox_health('g')"))
+    )
+    t.start()
+    # the fold has taken the touched rows and waits for the lock
+    for _ in range(200):
+        waiting = scalar(
+            db,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%%inbox_health%%'",
+        )
+        if waiting:
+            break
+        threading.Event().wait(0.05)
+    assert waiting == 1
+    receive(db, "a2", "A", 2)  # commits while the fold waits
+    locker.commit()
+    t.join(30)
+    assert done["health"]["pending_count"] == 2
+    check(db)
+    assert counts(db) == (2, 0, 0)
+
+
 def test_a_reader_that_cannot_fold_sees_the_same_gaps(g, connect):
     db = g
     folder = connect(autocommit=False)
