@@ -5393,12 +5393,10 @@ BEGIN
         v_aggs := mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_current_table(p_inbox)) || ', k AS (SELECT a.agg, NULL::pg_catalog.int8 AS start FROM aggs AS a)';
     ELSE
         -- the aggregates as the column's type, so the ordering index is used
-        SELECT pg_catalog.format('WITH k AS (SELECT CAST(d.agg AS %s) AS agg, d.start'
-                                 ' FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($2)) AS d (agg, start))',
-                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
-          INTO v_aggs
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
+        v_aggs := pg_catalog.format('WITH k AS (SELECT CAST(d.agg AS %s) AS agg, d.start'
+                                    ' FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($2)) AS d (agg, start))',
+                                    (mailbox._inbox_role_column(p_inbox.table_rel, 'aggregate_id',
+                                                                c ->> 'aggregate_id')).full_type);
     END IF;
     v_rows := pg_catalog.format($q$
 SELECT k.agg::pg_catalog.text AS a, x.prev + 1 AS e, x.seq AS f, x.recv AS r, x.seq > x.prev + 1 AS g, x.last AS h,
@@ -7085,13 +7083,16 @@ BEGIN
         RETURN NULL;
     END IF;
     -- a managed ordered inbox keeps its gaps and counts (part 34, gap fold): fold first, then
-    -- the kept counts are current (docs/inbox-ordering.md, "How gaps are kept")
-    IF mailbox._inbox_gap_tracked(p_inbox) THEN
-        IF mailbox._inbox_gap_refresh(p_inbox) THEN
+    -- the kept gaps are counted by index and the kept counts are current
+    -- (docs/inbox-ordering.md, "How gaps are kept"); any other ordered inbox lists its gaps
+    IF p_detail AND p_inbox.ordering_first_sequence IS NOT NULL THEN
+        IF mailbox._inbox_gap_tracked(p_inbox) AND mailbox._inbox_gap_refresh(p_inbox) THEN
             SELECT pg_catalog.count(*) INTO v_gaps FROM mailbox._inbox_gap AS g WHERE g.inbox_key = p_inbox.inbox_key;
         ELSE
             v_gaps := pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox));
         END IF;
+    END IF;
+    IF mailbox._inbox_gap_tracked(p_inbox) THEN
         SELECT ARRAY[(k.c ->> 'unprocessed')::bigint, (k.c ->> 'processed')::bigint] INTO v_kept
           FROM (SELECT mailbox._inbox_kept_counts(p_inbox) AS c) AS k;
     END IF;
@@ -7146,10 +7147,9 @@ BEGIN
                      ELSE pg_catalog.format('%s >= ($1).max_retries', v_retry) END,
                 mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
                 '_inbox_' || p_inbox.inbox_key || '_aggregate');
-            -- the gaps themselves: kept by a managed inbox (part 34, gap state), else scanned
+            -- the gaps themselves, counted above
             RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept)
-                   || pg_catalog.jsonb_build_object('gaps', coalesce(v_gaps, pg_catalog.jsonb_array_length(
-                                                        mailbox._inbox_gap_list(p_inbox))));
+                   || pg_catalog.jsonb_build_object('gaps', v_gaps);
         END IF;
     END IF;
     RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept);

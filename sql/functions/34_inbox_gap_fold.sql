@@ -26,12 +26,10 @@ BEGIN
         v_aggs := mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_current_table(p_inbox)) || ', k AS (SELECT a.agg, NULL::pg_catalog.int8 AS start FROM aggs AS a)';
     ELSE
         -- the aggregates as the column's type, so the ordering index is used
-        SELECT pg_catalog.format('WITH k AS (SELECT CAST(d.agg AS %s) AS agg, d.start'
-                                 ' FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($2)) AS d (agg, start))',
-                                 pg_catalog.format_type(a.atttypid, a.atttypmod))
-          INTO v_aggs
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid = p_inbox.table_rel AND a.attname = c ->> 'aggregate_id' AND NOT a.attisdropped;
+        v_aggs := pg_catalog.format('WITH k AS (SELECT CAST(d.agg AS %s) AS agg, d.start'
+                                    ' FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($2)) AS d (agg, start))',
+                                    (mailbox._inbox_role_column(p_inbox.table_rel, 'aggregate_id',
+                                                                c ->> 'aggregate_id')).full_type);
     END IF;
     v_rows := pg_catalog.format($q$
 SELECT k.agg::pg_catalog.text AS a, x.prev + 1 AS e, x.seq AS f, x.recv AS r, x.seq > x.prev + 1 AS g, x.last AS h,

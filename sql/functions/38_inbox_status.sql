@@ -30,13 +30,16 @@ BEGIN
         RETURN NULL;
     END IF;
     -- a managed ordered inbox keeps its gaps and counts (part 34, gap fold): fold first, then
-    -- the kept counts are current (docs/inbox-ordering.md, "How gaps are kept")
-    IF mailbox._inbox_gap_tracked(p_inbox) THEN
-        IF mailbox._inbox_gap_refresh(p_inbox) THEN
+    -- the kept gaps are counted by index and the kept counts are current
+    -- (docs/inbox-ordering.md, "How gaps are kept"); any other ordered inbox lists its gaps
+    IF p_detail AND p_inbox.ordering_first_sequence IS NOT NULL THEN
+        IF mailbox._inbox_gap_tracked(p_inbox) AND mailbox._inbox_gap_refresh(p_inbox) THEN
             SELECT pg_catalog.count(*) INTO v_gaps FROM mailbox._inbox_gap AS g WHERE g.inbox_key = p_inbox.inbox_key;
         ELSE
             v_gaps := pg_catalog.jsonb_array_length(mailbox._inbox_gap_list(p_inbox));
         END IF;
+    END IF;
+    IF mailbox._inbox_gap_tracked(p_inbox) THEN
         SELECT ARRAY[(k.c ->> 'unprocessed')::bigint, (k.c ->> 'processed')::bigint] INTO v_kept
           FROM (SELECT mailbox._inbox_kept_counts(p_inbox) AS c) AS k;
     END IF;
@@ -91,10 +94,9 @@ BEGIN
                      ELSE pg_catalog.format('%s >= ($1).max_retries', v_retry) END,
                 mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num'),
                 '_inbox_' || p_inbox.inbox_key || '_aggregate');
-            -- the gaps themselves: kept by a managed inbox (part 34, gap state), else scanned
+            -- the gaps themselves, counted above
             RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept)
-                   || pg_catalog.jsonb_build_object('gaps', coalesce(v_gaps, pg_catalog.jsonb_array_length(
-                                                        mailbox._inbox_gap_list(p_inbox))));
+                   || pg_catalog.jsonb_build_object('gaps', v_gaps);
         END IF;
     END IF;
     RETURN mailbox._inbox_as_owner(p_inbox, v_sql || v_from, v_kept);
