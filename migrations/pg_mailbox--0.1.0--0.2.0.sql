@@ -69,6 +69,16 @@ COMMENT ON TABLE mailbox._inbox_count IS
 'pg_mailbox: message counts of a managed ordered inbox as of its last fold';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 
+-- Issue 11: inbox workers waiting for a wake-up (part 33): receivers notify only while one is.
+CREATE UNLOGGED TABLE mailbox._inbox_waiter (
+    inbox_key int NOT NULL,
+    worker text NOT NULL,
+    waiting_until timestamptz NOT NULL,
+    PRIMARY KEY (inbox_key, worker)
+);
+COMMENT ON TABLE mailbox._inbox_waiter IS
+'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
+
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (
     group_name text PRIMARY KEY REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,
@@ -318,7 +328,8 @@ $$;
 
 -- pg_mailbox's advisory locks, all of them: no other code (SQL or Python) writes a key; the
 -- first three are taken only through their functions, the numberer's only in part 24.
---   (7168632, 1)     _ddl_lock()              pg_mailbox DDL in this database
+--   (7168632, 1)     _ddl_lock()              pg_mailbox DDL in this database (maintenance
+--                    _try_ddl_lock()                     only tries it, part 43)
 --   (7168632, 2)     _try_maintenance_lock()  one maintenance pass at a time
 --   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
 --   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
@@ -333,6 +344,16 @@ LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
+$$;
+
+-- The DDL lock without waiting: false while some pg_mailbox DDL runs (maintenance then leaves
+-- what needs it for its next pass).
+CREATE OR REPLACE FUNCTION mailbox._try_ddl_lock()
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 1);
 $$;
 
 -- One maintenance pass at a time: false (and no wait) while another pass runs.
@@ -5002,6 +5023,7 @@ BEGIN
     PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_open_claim WHERE inbox_key = v_inbox.inbox_key; -- this transaction's
+    DELETE FROM mailbox._inbox_waiter WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
@@ -5048,6 +5070,7 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 --     always sees the latest committed lease, so two claimers never both win a message;
 --   * claim, business logic and mark in one transaction: the row lock keeps other workers
 --     off the message until commit, and a crash rolls the lease back with everything else.
+-- Receivers notify only while a worker waits (part 33, wake-ups).
 
 CREATE OR REPLACE FUNCTION mailbox.inbox_receive(
     p_inbox text,
@@ -5068,20 +5091,29 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
-    v_new boolean;
+    v_found record;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name; whether a worker
+    -- waits for a wake-up (_inbox_has_waiter)
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved,
+           EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = i.inbox_key AND w.waiting_until > pg_catalog.now()) AS waited
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'receive');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_event_id IS NULL THEN
@@ -5095,15 +5127,13 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
     END IF;
-    -- the generated function checks ordering, unmapped roles and the priority's range, and
-    -- inserts with the table owner's rights
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
-                              '_inbox_' || v_inbox.inbox_key || '_receive')
-        INTO v_new
-        USING v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers,
-              p_trace_id, p_priority;
-    IF v_new THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
+    -- the generated function (through its router, part 35) checks ordering, unmapped roles
+    -- and the priority's range, and inserts with the table owner's rights
+    IF mailbox._inbox_route_receive(v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id,
+                                    p_sequence_num, p_headers, p_trace_id, p_priority) THEN
+        IF v_found.waited THEN
+            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
+        END IF;
         RETURN TRUE;
     END IF;
     RETURN FALSE;
@@ -5127,22 +5157,36 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_inbox mailbox._inbox;
+    v_found record;
     v_now timestamptz;
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
+    v_claimed bigint;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name; whether this
+    -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
+    -- has a lease row at all; whether this worker waits for a wake-up (part 33, wake-ups)
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved,
+           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
+           EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
+           EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = i.inbox_key AND w.worker = p_worker) AS waiting
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
@@ -5164,20 +5208,18 @@ BEGIN
     END IF;
     -- a second claim in one transaction: the first one's messages get their lease rows now,
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
-    IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = v_inbox.inbox_key) THEN
+    IF v_found.open THEN
         PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
           WHERE o.inbox_key = v_inbox.inbox_key;
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
-    -- 1. the candidates, locked (the generated function, as the table owner); without a lease
-    -- row in the inbox it skips its per-row lease probes (only an optimisation: what decides
-    -- is step 2)
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_claim')
-        INTO v_rows
-        USING v_inbox, p_batch_size, v_now,
-              EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key);
+    -- 1. the candidates, locked (the generated function through its router, as the table
+    -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
+    -- optimisation: what decides is step 2; a settled open claim has just written some)
+    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
     IF v_rows IS NULL THEN
+        PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
     END IF;
     -- 2a. READ COMMITTED, no ordering: the row locks hold the messages while this transaction
@@ -5195,8 +5237,12 @@ BEGIN
                                                 WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
                                                   AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
             IF pg_catalog.cardinality(v_rows) = 0 THEN
+                PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE);
                 RETURN;
             END IF;
+        END IF;
+        IF v_found.waiting THEN
+            PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
         INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
         VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
@@ -5227,6 +5273,10 @@ BEGIN
       FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
       JOIN won ON won.won_id = m.event_id
      ORDER BY m.ordinality;
+    GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    IF v_claimed = 0 OR v_found.waiting THEN
+        PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, v_claimed = 0);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
@@ -5240,43 +5290,48 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
-    v_id text;
-    v_aggregate text;
-    v_seq bigint;
+    v_found record;
+    v_done mailbox._inbox_done;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_event_id IS NULL THEN
         PERFORM mailbox._require(p_event_id, 'p_event_id');
     END IF;
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed')
-        INTO v_id, v_aggregate, v_seq
-        USING v_inbox, p_event_id;
-    IF v_id IS NULL THEN
+    v_done := mailbox._inbox_route_processed(v_inbox, p_event_id); -- part 35, routes
+    IF v_done.event_id IS NULL THEN
         RETURN FALSE;
     END IF;
-    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
+    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
     -- the highest processed sequence: a replayed older message does not move it back, and a
     -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
     -- first (an existing aggregate only ever moves up to what was processed)
-    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
+    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_done.aggregate_id IS NOT NULL
+       AND v_done.sequence_num IS NOT NULL THEN
         INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (v_inbox.inbox_key, v_aggregate, pg_catalog.int8larger(v_seq, v_inbox.ordering_first_sequence - 1),
+        VALUES (v_inbox.inbox_key, v_done.aggregate_id,
+                pg_catalog.int8larger(v_done.sequence_num, v_inbox.ordering_first_sequence - 1),
                 pg_catalog.clock_timestamp())
             ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, v_seq), updated_at = excluded.updated_at;
+           SET last_seq = pg_catalog.int8larger(a.last_seq, v_done.sequence_num), updated_at = excluded.updated_at;
     END IF;
     RETURN TRUE;
 END
@@ -5294,20 +5349,27 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
+    v_found record;
     v_delay int := p_retry_after_seconds;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF v_delay IS NULL THEN
@@ -5363,6 +5425,49 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 'reset processed or dead-lettered messages (by id) so they are processed again; alerts inbox_replay';
+
+-- sql/functions/33_inbox_wakeup.sql
+-- Part 33 (wake-ups, issue 11), as the outbox's (part 17). NOTIFY mailbox_inbox_new is cheap
+-- to send but serialises the commits of all notifying transactions of the database on one
+-- lock held through the commit's WAL flush (4 single-message receivers: 3,981 commits/s
+-- notifying against 6,435 without). It only helps a worker that waits, so:
+--   * an inbox_claim that returns nothing records its worker as waiting on the inbox (a row
+--     of the UNLOGGED mailbox._inbox_waiter, expiring after
+--     mailbox.consumer_heartbeat_timeout_seconds, at most 60 s, unless it claims again); one
+--     that returns messages removes it; drop_inbox and maintenance forget waits;
+--   * inbox_receive and inbox_receive_batch notify only while some worker of the inbox waits.
+-- As with the outbox, a receiver looks for waiters when it writes, not when it commits: a
+-- receive written before a worker's empty claim committed and committed after it does not
+-- wake that worker, which finds the message at its next claim (poll interval). Nothing is
+-- lost; a wake-up is only ever earlier than the poll.
+
+-- Records (p_waiting) or forgets a worker's wait on an inbox (wake-ups, above).
+CREATE OR REPLACE FUNCTION mailbox._inbox_wait(p_key int, p_worker text, p_waiting boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF p_waiting THEN
+        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, worker, waiting_until)
+        VALUES (p_key, p_worker, pg_catalog.clock_timestamp()
+                                 + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+            ON CONFLICT (inbox_key, worker) DO UPDATE SET waiting_until = excluded.waiting_until;
+    ELSE
+        DELETE FROM mailbox._inbox_waiter AS w WHERE w.inbox_key = p_key AND w.worker = p_worker;
+    END IF;
+END
+$$;
+
+-- Whether a receiver of inbox p_key should notify (wake-ups, above). inbox_receive inlines it.
+CREATE OR REPLACE FUNCTION mailbox._inbox_has_waiter(p_key int)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = p_key AND w.waiting_until > pg_catalog.now());
+$$;
 
 -- sql/functions/34_inbox_gap_fold.sql
 -- Part 34 (gap fold): reading the gap state of a managed ordered inbox (part 34, gap state,
@@ -6351,8 +6456,9 @@ $$;
 -- functions below are (re)generated for it: mailbox._inbox_<key>_receive, _claim,
 -- _processed and _failed hold STATIC SQL with the inbox's identifiers written in through
 -- format('%I') (values stay parameters), so PL/pgSQL caches their plans per session. The
--- public functions check their arguments and dispatch with one trivial dynamic call
--- (SELECT mailbox._inbox_<key>_<kind>($1, ...)), which plans in microseconds. The control
+-- public functions check their arguments and dispatch: receive, claim and mark_processed
+-- through a router inlined into their cached plans (part 35, routes), the others with one
+-- trivial dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...)). The control
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
@@ -6410,6 +6516,7 @@ BEGIN
     LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
     END LOOP;
+    PERFORM mailbox._inbox_build_routes(); -- no route may name a dropped function (part 35, routes)
 END
 $$;
 
@@ -6504,8 +6611,199 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
+    -- the public functions reach the new ones without a dynamic call (part 35, routes)
+    PERFORM mailbox._inbox_build_routes();
 END
 $$;
+
+-- sql/functions/35_inbox_routes.sql
+-- Part 35 (routes): static dispatch from the public per-message functions to an inbox's
+-- generated functions (issue 11).
+--
+-- inbox_receive, inbox_claim and inbox_mark_processed used to reach the generated function
+-- of their inbox with EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL
+-- parses and plans on every call: about a quarter of what a single receive costs on the
+-- server. Instead, each of these three kinds has a router, a one-expression SQL function
+--
+--     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
+--                 WHEN ...
+--                 ELSE mailbox._inbox_dispatch_receive($1, ...) END
+--
+-- that the planner inlines into the caller's cached plan: one call per message, no parse, no
+-- plan. The routers are a cache, never the only way through:
+--   * every arm names a generated function that exists (pg_proc) for an inbox of the
+--     catalog and is owned by the extension owner (every managed inbox's; an adopted table's
+--     only if that superuser owns the table); any other inbox takes the ELSE arm, the old
+--     dynamic call. An adopted table's owner owns its generated functions and may drop
+--     them: an arm naming one would then fail every session's inlining of the router, so
+--     every inbox's calls, not only that owner's (tests/inbox/test_inbox_codegen.py);
+--   * they are rebuilt, under the DDL lock, whenever an inbox's generated functions are made
+--     or dropped (create, adopt, reconfigure, drop, extension update), so other sessions'
+--     cached plans are invalidated at that commit and re-inline the new body;
+--   * they are extension members, so pg_dump does not dump them: a restored database starts
+--     with the script's routers, ELSE only, and works at the dynamic call's speed until
+--     mailbox.run_maintenance() (or the next inbox DDL) rebuilds them.
+-- A router has no SET clause, because a function with one is never inlined. It needs none:
+-- it is only ever called from the public functions, whose search_path is pinned, and its body
+-- names nothing a search_path could redirect: schema-qualified functions with arguments of
+-- their exact declared types, an OPERATOR(pg_catalog.=) between integers, integer literals
+-- (tests/security, test_the_routers_name_nothing_a_search_path_could_redirect). Keys above
+-- 8 arms are split in halves (nested CASE on OPERATOR(pg_catalog.<)), so a call tests about
+-- log2(inboxes) + 8 keys, not every inbox.
+
+-- The routed kinds with their generated functions' argument types (after the catalog row)
+-- and result: the same as _inbox_generate writes (part 35, codegen).
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_kinds()
+RETURNS TABLE (kind text, args text, nargs int, returns text)
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    VALUES ('receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int', 10, 'boolean'),
+           ('claim', 'int, timestamptz, boolean', 4, 'mailbox._inbox_message[]'),
+           ('processed', 'text', 2, 'mailbox._inbox_done');
+$$;
+
+-- The dynamic calls, the routers' ELSE arm: an inbox that has no arm (yet).
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_receive(
+    mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, int
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_new boolean;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
+                              '_inbox_' || ($1).inbox_key || '_receive')
+        INTO v_new
+        USING $1, $2, $3, $4, $5, $6, $7, $8, $9, $10;
+    RETURN v_new;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_claim(mailbox._inbox, int, timestamptz, boolean)
+RETURNS mailbox._inbox_message[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_rows mailbox._inbox_message[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || ($1).inbox_key || '_claim')
+        INTO v_rows
+        USING $1, $2, $3, $4;
+    RETURN v_rows;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_processed(mailbox._inbox, text)
+RETURNS mailbox._inbox_done
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_done mailbox._inbox_done;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_processed')
+        INTO v_done
+        USING $1, $2;
+    RETURN v_done;
+END
+$$;
+
+-- The CASE over p_keys (sorted) for one kind: up to 8 keys one arm each, more split in halves.
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_case(p_kind text, p_params text, p_keys int[])
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_n int := pg_catalog.cardinality(p_keys);
+    v_half int := v_n / 2;
+BEGIN
+    IF v_n <= 8 THEN
+        RETURN pg_catalog.format('CASE%s ELSE mailbox.%I(%s) END',
+            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN ($1).inbox_key OPERATOR(pg_catalog.=) %s THEN mailbox.%I(%s)',
+                                                            k, '_inbox_' || k || '_' || p_kind, p_params), '' ORDER BY o)
+               FROM pg_catalog.unnest(p_keys) WITH ORDINALITY AS u (k, o)),
+            '_inbox_dispatch_' || p_kind, p_params);
+    END IF;
+    RETURN pg_catalog.format('CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.<) %s THEN %s ELSE %s END',
+        p_keys[v_half + 1], mailbox._inbox_route_case(p_kind, p_params, p_keys[1:v_half]),
+        mailbox._inbox_route_case(p_kind, p_params, p_keys[v_half + 1:]));
+END
+$$;
+
+-- The body of p_kind's router for the inboxes whose generated function exists now.
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_sql(p_kind text, p_nargs int)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_params text := (SELECT pg_catalog.string_agg('$' || g, ', ' ORDER BY g)
+                        FROM pg_catalog.generate_series(1, p_nargs) AS g);
+    v_keys int[] := ARRAY(
+        SELECT i.inbox_key FROM mailbox._inbox AS i
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                        WHERE p.pronamespace = 'mailbox'::regnamespace
+                          AND p.proname = '_inbox_' || i.inbox_key || '_' || p_kind
+                          AND p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
+                                             WHERE e.extname = 'pg_mailbox'))
+         ORDER BY i.inbox_key);
+BEGIN
+    IF pg_catalog.cardinality(v_keys) = 0 THEN
+        RETURN pg_catalog.format('SELECT mailbox.%I(%s)', '_inbox_dispatch_' || p_kind, v_params);
+    END IF;
+    RETURN 'SELECT ' || mailbox._inbox_route_case(p_kind, v_params, v_keys);
+END
+$$;
+
+-- Rebuilds the routers whose body is not what the catalog asks for now (callers hold the DDL
+-- lock). Replacing a function invalidates every session's plans that inlined it, so an
+-- unchanged router is left alone. Returns how many were rebuilt.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_routes()
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    r record;
+    v_sql text;
+    v_built int := 0;
+BEGIN
+    FOR r IN SELECT * FROM mailbox._inbox_route_kinds() LOOP
+        v_sql := mailbox._inbox_route_sql(r.kind, r.nargs);
+        IF v_sql IS DISTINCT FROM (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+                                    WHERE p.pronamespace = 'mailbox'::regnamespace
+                                      AND p.proname = '_inbox_route_' || r.kind) THEN
+            EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox.%I(mailbox._inbox, %s) RETURNS %s'
+                                      ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L',
+                                      '_inbox_route_' || r.kind, r.args, r.returns, v_sql);
+            v_built := v_built + 1;
+        END IF;
+    END LOOP;
+    RETURN v_built;
+END
+$$;
+
+-- The routers as the extension script makes them: every inbox through the dynamic call,
+-- until the first rebuild (the script's last step, and every inbox DDL).
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, int)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_receive($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_claim(mailbox._inbox, int, timestamptz, boolean)
+RETURNS mailbox._inbox_message[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_claim($1, $2, $3, $4)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed(mailbox._inbox, text)
+RETURNS mailbox._inbox_done
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_processed($1, $2)$$;
 
 -- sql/functions/36_inbox_batch_codegen.sql
 -- Part 36: the batch forms of receive and mark (issue 11): many messages per call, in the
@@ -6740,7 +7038,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_receive_batch')
         INTO v_new
         USING v_inbox, p_messages;
-    IF TRUE = ANY (v_new) THEN
+    IF TRUE = ANY (v_new) AND mailbox._inbox_has_waiter(v_inbox.inbox_key) THEN -- part 33, wake-ups
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
     RETURN QUERY
@@ -7752,6 +8050,40 @@ AS $$
          WHERE (l.lease_until IS NULL OR l.lease_until < pg_catalog.clock_timestamp())
            AND (l.next_attempt_at IS NULL OR l.next_attempt_at < pg_catalog.clock_timestamp())
         RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;
+
+-- Rebuilds the routers (part 35, routes) when one of them is not what the catalog asks for:
+-- after a restore, whose routers are the extension script's (every call takes the dynamic
+-- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
+CREATE OR REPLACE FUNCTION mailbox._inbox_refresh_routes()
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
+                    WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
+                          (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+                            WHERE p.pronamespace = 'mailbox'::regnamespace
+                              AND p.proname = '_inbox_route_' || k.kind))
+       OR NOT mailbox._try_ddl_lock() THEN
+        RETURN 0;
+    END IF;
+    RETURN mailbox._inbox_build_routes();
+END
+$$;
+
+-- Forgets inbox workers' waits that expired (part 33, wake-ups): a worker that stopped
+-- claiming, or one whose name changes with every restart.
+CREATE OR REPLACE FUNCTION mailbox._forget_expired_inbox_waiters()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._inbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
     )
     SELECT pg_catalog.count(*) FROM gone;
 $$;

@@ -140,6 +140,13 @@ def run(plpy):
     result["inbox_leases_expired"] = spi.execute(
         plpy, "SELECT mailbox._expire_inbox_leases() AS n"
     )[0]["n"]
+    result["inbox_waits_expired"] = spi.execute(
+        plpy, "SELECT mailbox._forget_expired_inbox_waiters() AS n"
+    )[0]["n"]
+    # a restored database has the extension script's routers (every inbox call dynamic)
+    result["inbox_routes_rebuilt"] = spi.execute(
+        plpy, "SELECT mailbox._inbox_refresh_routes() AS n"
+    )[0]["n"]
     sent, batches = dlq_alerts(plpy, max_alerts)
     result["inbox_dlq_alerts"] = sent
     result["inbox_dlq_batch_alerts"] = batches

@@ -77,7 +77,8 @@ $$;
 
 -- pg_mailbox's advisory locks, all of them: no other code (SQL or Python) writes a key; the
 -- first three are taken only through their functions, the numberer's only in part 24.
---   (7168632, 1)     _ddl_lock()              pg_mailbox DDL in this database
+--   (7168632, 1)     _ddl_lock()              pg_mailbox DDL in this database (maintenance
+--                    _try_ddl_lock()                     only tries it, part 43)
 --   (7168632, 2)     _try_maintenance_lock()  one maintenance pass at a time
 --   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
 --   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
@@ -92,6 +93,16 @@ LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
+$$;
+
+-- The DDL lock without waiting: false while some pg_mailbox DDL runs (maintenance then leaves
+-- what needs it for its next pass).
+CREATE FUNCTION mailbox._try_ddl_lock()
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_try_advisory_xact_lock(7168632, 1);
 $$;
 
 -- One maintenance pass at a time: false (and no wait) while another pass runs.

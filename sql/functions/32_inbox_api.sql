@@ -205,6 +205,7 @@ BEGIN
     PERFORM mailbox._inbox_drop_state_views(v_inbox);
     DELETE FROM mailbox._inbox_lease WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_open_claim WHERE inbox_key = v_inbox.inbox_key; -- this transaction's
+    DELETE FROM mailbox._inbox_waiter WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_aggregate WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_dlq_event WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;

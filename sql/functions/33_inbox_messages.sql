@@ -18,6 +18,7 @@
 --     always sees the latest committed lease, so two claimers never both win a message;
 --   * claim, business logic and mark in one transaction: the row lock keeps other workers
 --     off the message until commit, and a crash rolls the lease back with everything else.
+-- Receivers notify only while a worker waits (part 33, wake-ups).
 
 CREATE FUNCTION mailbox.inbox_receive(
     p_inbox text,
@@ -38,20 +39,29 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
-    v_new boolean;
+    v_found record;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name; whether a worker
+    -- waits for a wake-up (_inbox_has_waiter)
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved,
+           EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = i.inbox_key AND w.waiting_until > pg_catalog.now()) AS waited
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'receive');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_event_id IS NULL THEN
@@ -65,15 +75,13 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
     END IF;
-    -- the generated function checks ordering, unmapped roles and the priority's range, and
-    -- inserts with the table owner's rights
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
-                              '_inbox_' || v_inbox.inbox_key || '_receive')
-        INTO v_new
-        USING v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers,
-              p_trace_id, p_priority;
-    IF v_new THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
+    -- the generated function (through its router, part 35) checks ordering, unmapped roles
+    -- and the priority's range, and inserts with the table owner's rights
+    IF mailbox._inbox_route_receive(v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id,
+                                    p_sequence_num, p_headers, p_trace_id, p_priority) THEN
+        IF v_found.waited THEN
+            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
+        END IF;
         RETURN TRUE;
     END IF;
     RETURN FALSE;
@@ -97,22 +105,36 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_inbox mailbox._inbox;
+    v_found record;
     v_now timestamptz;
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
+    v_claimed bigint;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name; whether this
+    -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
+    -- has a lease row at all; whether this worker waits for a wake-up (part 33, wake-ups)
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved,
+           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
+           EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
+           EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = i.inbox_key AND w.worker = p_worker) AS waiting
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
@@ -134,20 +156,18 @@ BEGIN
     END IF;
     -- a second claim in one transaction: the first one's messages get their lease rows now,
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
-    IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = v_inbox.inbox_key) THEN
+    IF v_found.open THEN
         PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
           WHERE o.inbox_key = v_inbox.inbox_key;
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
-    -- 1. the candidates, locked (the generated function, as the table owner); without a lease
-    -- row in the inbox it skips its per-row lease probes (only an optimisation: what decides
-    -- is step 2)
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || v_inbox.inbox_key || '_claim')
-        INTO v_rows
-        USING v_inbox, p_batch_size, v_now,
-              EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key);
+    -- 1. the candidates, locked (the generated function through its router, as the table
+    -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
+    -- optimisation: what decides is step 2; a settled open claim has just written some)
+    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
     IF v_rows IS NULL THEN
+        PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
     END IF;
     -- 2a. READ COMMITTED, no ordering: the row locks hold the messages while this transaction
@@ -165,8 +185,12 @@ BEGIN
                                                 WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
                                                   AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
             IF pg_catalog.cardinality(v_rows) = 0 THEN
+                PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE);
                 RETURN;
             END IF;
+        END IF;
+        IF v_found.waiting THEN
+            PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
         INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
         VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
@@ -197,6 +221,10 @@ BEGIN
       FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
       JOIN won ON won.won_id = m.event_id
      ORDER BY m.ordinality;
+    GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    IF v_claimed = 0 OR v_found.waiting THEN
+        PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, v_claimed = 0);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
@@ -210,43 +238,48 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
-    v_id text;
-    v_aggregate text;
-    v_seq bigint;
+    v_found record;
+    v_done mailbox._inbox_done;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF p_event_id IS NULL THEN
         PERFORM mailbox._require(p_event_id, 'p_event_id');
     END IF;
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed')
-        INTO v_id, v_aggregate, v_seq
-        USING v_inbox, p_event_id;
-    IF v_id IS NULL THEN
+    v_done := mailbox._inbox_route_processed(v_inbox, p_event_id); -- part 35, routes
+    IF v_done.event_id IS NULL THEN
         RETURN FALSE;
     END IF;
-    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_id;
+    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
     -- the highest processed sequence: a replayed older message does not move it back, and a
     -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
     -- first (an existing aggregate only ever moves up to what was processed)
-    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_aggregate IS NOT NULL AND v_seq IS NOT NULL THEN
+    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_done.aggregate_id IS NOT NULL
+       AND v_done.sequence_num IS NOT NULL THEN
         INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (v_inbox.inbox_key, v_aggregate, pg_catalog.int8larger(v_seq, v_inbox.ordering_first_sequence - 1),
+        VALUES (v_inbox.inbox_key, v_done.aggregate_id,
+                pg_catalog.int8larger(v_done.sequence_num, v_inbox.ordering_first_sequence - 1),
                 pg_catalog.clock_timestamp())
             ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, v_seq), updated_at = excluded.updated_at;
+           SET last_seq = pg_catalog.int8larger(a.last_seq, v_done.sequence_num), updated_at = excluded.updated_at;
     END IF;
     RETURN TRUE;
 END
@@ -264,20 +297,27 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
+    v_found record;
     v_delay int := p_retry_after_seconds;
 BEGIN
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
+    -- grants of its own (without, it is open to the role-level grants); whether its stored
+    -- table name still names its table, which the generated functions name
+    SELECT i AS inbox,
+           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
+                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
-        v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    -- an inbox without grants is open to the role-level grants: one index probe, no call
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
     END IF;
-    -- the generated functions name the table: refuse if that name is no longer the inbox's
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     IF v_delay IS NULL THEN

@@ -6,8 +6,9 @@
 -- functions below are (re)generated for it: mailbox._inbox_<key>_receive, _claim,
 -- _processed and _failed hold STATIC SQL with the inbox's identifiers written in through
 -- format('%I') (values stay parameters), so PL/pgSQL caches their plans per session. The
--- public functions check their arguments and dispatch with one trivial dynamic call
--- (SELECT mailbox._inbox_<key>_<kind>($1, ...)), which plans in microseconds. The control
+-- public functions check their arguments and dispatch: receive, claim and mark_processed
+-- through a router inlined into their cached plans (part 35, routes), the others with one
+-- trivial dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...)). The control
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
@@ -65,6 +66,7 @@ BEGIN
     LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', v_fn);
     END LOOP;
+    PERFORM mailbox._inbox_build_routes(); -- no route may name a dropped function (part 35, routes)
 END
 $$;
 
@@ -159,5 +161,7 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
+    -- the public functions reach the new ones without a dynamic call (part 35, routes)
+    PERFORM mailbox._inbox_build_routes();
 END
 $$;

@@ -87,7 +87,7 @@ BEGIN
     EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_receive_batch')
         INTO v_new
         USING v_inbox, p_messages;
-    IF TRUE = ANY (v_new) THEN
+    IF TRUE = ANY (v_new) AND mailbox._inbox_has_waiter(v_inbox.inbox_key) THEN -- part 33, wake-ups
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
     RETURN QUERY

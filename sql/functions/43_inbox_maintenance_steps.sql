@@ -17,6 +17,40 @@ AS $$
     SELECT pg_catalog.count(*) FROM gone;
 $$;
 
+-- Rebuilds the routers (part 35, routes) when one of them is not what the catalog asks for:
+-- after a restore, whose routers are the extension script's (every call takes the dynamic
+-- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
+CREATE FUNCTION mailbox._inbox_refresh_routes()
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
+                    WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
+                          (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+                            WHERE p.pronamespace = 'mailbox'::regnamespace
+                              AND p.proname = '_inbox_route_' || k.kind))
+       OR NOT mailbox._try_ddl_lock() THEN
+        RETURN 0;
+    END IF;
+    RETURN mailbox._inbox_build_routes();
+END
+$$;
+
+-- Forgets inbox workers' waits that expired (part 33, wake-ups): a worker that stopped
+-- claiming, or one whose name changes with every restart.
+CREATE FUNCTION mailbox._forget_expired_inbox_waiters()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._inbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;
+
 -- Takes every dead letter not announced yet, oldest first (one maintenance pass consumes them
 -- all and announces them, up to its cap, as alerts).
 CREATE FUNCTION mailbox._take_inbox_dlq_events()

@@ -64,6 +64,16 @@ COMMENT ON TABLE mailbox._inbox_count IS
 'pg_mailbox: message counts of a managed ordered inbox as of its last fold';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 
+-- Issue 11: inbox workers waiting for a wake-up (part 33): receivers notify only while one is.
+CREATE UNLOGGED TABLE mailbox._inbox_waiter (
+    inbox_key int NOT NULL,
+    worker text NOT NULL,
+    waiting_until timestamptz NOT NULL,
+    PRIMARY KEY (inbox_key, worker)
+);
+COMMENT ON TABLE mailbox._inbox_waiter IS
+'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
+
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (
     group_name text PRIMARY KEY REFERENCES mailbox._consumer_group (group_name) ON DELETE CASCADE,

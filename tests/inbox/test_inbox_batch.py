@@ -25,6 +25,8 @@ def test_receive_batch_stores_each_id_once_and_reports_per_message(q, connect):
     db = q
     listener = connect()
     listener.execute("LISTEN mailbox_inbox_new")
+    # a worker whose claim came back empty waits: batches wake it (part 33, wake-ups)
+    assert rows(listener, "SELECT * FROM mailbox.inbox_claim('q', 'w')") == []
     got = receive_batch(
         db,
         [

@@ -4,6 +4,7 @@ rights, rebuilt on every configuration change (also for a session that already c
 dropped with it, private, and safe with any column names."""
 
 import os
+import re
 from pathlib import Path
 
 from mbx import drop_role, make_role, raises, rows, scalar
@@ -208,3 +209,117 @@ def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):
     check_expected("inbox_generated_adopted.sql", generated_text(db, "legacy", owner))
     db.execute("SELECT mailbox.drop_inbox('legacy')")
     drop_role(db, owner)
+
+
+# ---------------------------------------------------------------- routers (part 35, routes)
+ROUTER_SRC = "SELECT prosrc FROM pg_proc WHERE oid = %s::regproc"
+ROUTERS = ("mailbox._inbox_route_receive", "mailbox._inbox_route_claim")
+ROUTERS += ("mailbox._inbox_route_processed",)
+
+
+def routed_keys(db, kind):
+    src = scalar(db, ROUTER_SRC, [f"mailbox._inbox_route_{kind}"])
+    return sorted(int(k) for k in re.findall(rf"mailbox\._inbox_(\d+)_{kind}\(", src))
+
+
+def round_trip(conn, inbox, event_id):
+    """receive, claim and mark one message: each goes through its router"""
+    assert conn.execute("SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id]).fetchone()[
+        0
+    ]
+    got = rows(conn, "SELECT event_id FROM mailbox.inbox_claim(%s, 'w', 10)", [inbox])
+    assert got == [(event_id,)], (inbox, got)
+    assert conn.execute(
+        "SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, event_id]
+    ).fetchone()[0]
+
+
+def test_routers_name_every_inbox_and_split_past_eight(db):
+    names = [f"r{i}" for i in range(11)]
+    for name in names:
+        db.execute("SELECT mailbox.create_inbox(%s)", [name])
+    keys = sorted(key(db, n) for n in names)
+    for kind in ("receive", "claim", "processed"):
+        assert routed_keys(db, kind) == keys, kind
+    # 11 keys: one split on the middle key, then two CASEs of arms
+    assert "OPERATOR(pg_catalog.<)" in scalar(db, ROUTER_SRC, [ROUTERS[0]])
+    for name in names:
+        round_trip(db, name, "m-" + name)
+    db.execute("SELECT mailbox.drop_inbox('r3', false, true)")
+    db.execute("SELECT mailbox.drop_inbox('r9', false, true)")
+    left = sorted(key(db, n) for n in names if n not in ("r3", "r9"))
+    for kind in ("receive", "claim", "processed"):
+        assert routed_keys(db, kind) == left, kind
+    for name in names:
+        if name not in ("r3", "r9"):
+            round_trip(db, name, "n-" + name)
+
+
+def test_a_session_that_inlined_a_router_follows_creates_and_drops(db, connect):
+    db.execute("SELECT mailbox.create_inbox('old')")
+    worker = connect()
+    round_trip(worker, "old", "a")  # the worker's plans have the router inlined
+    db.execute("SELECT mailbox.create_inbox('new')")
+    db.execute("SELECT mailbox.drop_inbox('old', false, true)")
+    round_trip(worker, "new", "b")
+    with raises("42704"):
+        worker.execute("SELECT mailbox.inbox_receive('old', 'c', '{}')")
+
+
+def test_an_inbox_without_an_arm_takes_the_dynamic_call(db):
+    db.execute("SELECT mailbox.create_inbox('plain')")
+    # the routers as the extension script makes them (as after a restore): ELSE only
+    kinds = rows(db, "SELECT kind, args, nargs, returns FROM mailbox._inbox_route_kinds()")
+    for kind, args, nargs, returns in kinds:
+        params = ", ".join(f"${i}" for i in range(1, nargs + 1))
+        db.execute(
+            f"CREATE OR REPLACE FUNCTION mailbox._inbox_route_{kind}(mailbox._inbox, {args})"
+            f" RETURNS {returns} LANGUAGE sql VOLATILE"
+            f" AS $$SELECT mailbox._inbox_dispatch_{kind}({params})$$"
+        )
+        assert routed_keys(db, kind) == []
+    round_trip(db, "plain", "x")
+    # maintenance puts the arms back, once
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 3
+    assert routed_keys(db, "receive") == [key(db, "plain")]
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 0
+    round_trip(db, "plain", "y")
+
+
+def test_maintenance_leaves_the_routers_while_ddl_holds_its_lock(db, connect):
+    db.execute("SELECT mailbox.create_inbox('busy')")
+    db.execute(
+        "CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed(mailbox._inbox, text)"
+        " RETURNS mailbox._inbox_done LANGUAGE sql VOLATILE"
+        " AS $$SELECT mailbox._inbox_dispatch_processed($1, $2)$$"
+    )
+    ddl = connect(autocommit=False)
+    ddl.execute("SELECT mailbox._ddl_lock()")
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 0
+    ddl.rollback()
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 1
+
+
+def test_a_tenant_dropping_its_own_generated_functions_breaks_only_its_inbox(db, connect):
+    """An adopted table's owner owns that inbox's generated functions and may drop them: no
+    router names them, so every other inbox keeps working."""
+    tenant = make_role(db, "mailbox_admin")
+    try:
+        adopt_legacy(db, tenant)
+        db.execute("SELECT mailbox.create_inbox('mine')")
+        k = key(db, "legacy")
+        for kind in ("receive", "claim", "processed"):
+            assert k not in routed_keys(db, kind), kind
+        assert key(db, "mine") in routed_keys(db, "receive")
+        db.execute(f'GRANT USAGE ON SCHEMA mailbox TO "{tenant}"')
+        hostile = connect()
+        hostile.execute(f'SET ROLE "{tenant}"')
+        hostile.execute(f"DROP FUNCTION mailbox._inbox_{k}_receive")
+        hostile.execute(f"DROP FUNCTION mailbox._inbox_{k}_processed")
+        with raises("42883"):
+            db.execute("SELECT mailbox.inbox_receive('legacy', 'x', '{}')")
+        round_trip(connect(), "mine", "still")
+    finally:
+        db.execute("SELECT mailbox.drop_inbox('legacy', true)")
+        db.execute("DROP TABLE IF EXISTS public.legacy")
+        drop_role(db, tenant)

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 from mbx import raises, rows, scalar
+from psycopg.types.json import Jsonb
 
 
 @pytest.fixture
@@ -148,12 +149,95 @@ def test_plain_insert_on_conflict_is_a_valid_writer(orders):
 def test_receive_notifies_new_messages_only(orders, connect):
     listener = connect()
     listener.execute("LISTEN mailbox_inbox_new")
+    # the worker's claim finds nothing: it waits for a wake-up (part 33, wake-ups)
+    assert rows(listener, "SELECT * FROM mailbox.inbox_claim('orders', 'w')") == []
     db = orders
     db.execute("SELECT mailbox.inbox_receive('orders', 'n1', '{}')")
     db.execute("SELECT mailbox.inbox_receive('orders', 'n1', '{}')")
     db.execute("SELECT mailbox.inbox_receive('orders', 'n2', '{}')")
     got = [n.payload for n in listener.notifies(timeout=1.0, stop_after=3)]
     assert got == ["orders", "orders"]
+
+
+def notes(listener, timeout=0.5):
+    return [n.payload for n in listener.notifies(timeout=timeout, stop_after=10)]
+
+
+def waiters(db):
+    return rows(
+        db,
+        "SELECT i.inbox_name, w.worker FROM mailbox._inbox_waiter w"
+        " JOIN mailbox._inbox i USING (inbox_key) ORDER BY 1, 2",
+    )
+
+
+def test_receivers_notify_only_while_a_worker_waits(orders, connect):
+    db = orders
+    db.execute("SELECT mailbox.create_inbox('other')")
+    listener = connect()
+    listener.execute("LISTEN mailbox_inbox_new")
+    # nobody has claimed and found nothing: no NOTIFY (and no commit serialised on it)
+    db.execute("SELECT mailbox.inbox_receive('orders', 'a', '{}')")
+    db.execute(
+        "SELECT count(*) FROM mailbox.inbox_receive_batch('orders', %s)",
+        [Jsonb([{"p_event_id": "b"}])],
+    )
+    assert notes(listener) == []
+    worker = connect()
+    assert len(rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w1', 10)")) == 2
+    assert waiters(db) == []
+    # w1's claim comes back empty: it waits, on this inbox only
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w1', 10)") == []
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('other', 'w2', 10)") == []
+    assert waiters(db) == [("orders", "w1"), ("other", "w2")]
+    db.execute("SELECT mailbox.inbox_receive('orders', 'c', '{}')")
+    db.execute("SELECT mailbox.inbox_receive('orders', 'c', '{}')")  # duplicate: nothing new
+    db.execute(
+        "SELECT count(*) FROM mailbox.inbox_receive_batch('orders', %s)",
+        [Jsonb([{"p_event_id": "d"}])],
+    )
+    assert notes(listener) == ["orders", "orders"]
+    # w1 finds messages again: busy, it no longer waits, and receivers stop notifying
+    assert len(rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w1', 10)")) == 2
+    assert waiters(db) == [("other", "w2")]
+    db.execute("SELECT mailbox.inbox_receive('orders', 'e', '{}')")
+    assert notes(listener) == []
+    # a wait ends by itself: an expired one wakes nobody, and maintenance forgets it
+    db.execute("SELECT mailbox.inbox_receive('other', 'x', '{}')")
+    assert notes(listener) == ["other"]
+    db.execute("UPDATE mailbox._inbox_waiter SET waiting_until = now() - interval '1 second'")
+    db.execute("SELECT mailbox.inbox_receive('other', 'y', '{}')")
+    assert notes(listener) == []
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_waits_expired'") == 1
+    assert waiters(db) == []
+
+
+def test_a_wait_lasts_the_heartbeat_timeout_at_most_60_seconds_and_drop_forgets_it(orders, connect):
+    db = orders
+    worker = connect()
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)") == []
+    left = scalar(db, "SELECT extract(epoch FROM waiting_until - now()) FROM mailbox._inbox_waiter")
+    assert 55 < left <= 61
+    worker.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 5")
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)") == []
+    left = scalar(db, "SELECT extract(epoch FROM waiting_until - now()) FROM mailbox._inbox_waiter")
+    assert 0 < left <= 6
+    db.execute("SELECT mailbox.drop_inbox('orders', false, true)")
+    assert waiters(db) == []
+
+
+def test_an_ordered_or_repeatable_read_claim_records_and_clears_its_wait(orders, connect):
+    db = orders
+    worker = connect(autocommit=False)
+    worker.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'rr', 10)") == []
+    worker.commit()
+    assert waiters(db) == [("orders", "rr")]
+    db.execute("SELECT mailbox.inbox_receive('orders', 'm', '{}')")
+    worker.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    assert len(rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'rr', 10)")) == 1
+    worker.commit()
+    assert waiters(db) == []
 
 
 def test_four_connections_receiving_the_same_ids_store_each_once(orders, connect):

@@ -52,8 +52,11 @@ def test_every_security_definer_function_pins_search_path(db):
 
 
 def test_every_function_has_a_pinned_search_path(db):
-    # Three exceptions: enable_outbox, an invoker function that must resolve its table
-    # argument with the caller's search_path (it calls the definer _enable_outbox); the
+    # Six exceptions: the inbox routers (part 35, routes), one-expression SQL functions left
+    # without SET so the planner inlines them into the pinned public functions
+    # (test_the_routers_name_nothing_a_search_path_could_redirect); enable_outbox, an
+    # invoker function that must resolve its table argument with the caller's search_path
+    # (it calls the definer _enable_outbox); the
     # procedure run_numberer, which commits and so may not have a SET clause (it pins the
     # path with set_config first: test_run_numberer_resolves_no_operator_through_the_callers_path);
     # and the settings registry _settings(), a VALUES list of literals that names nothing a
@@ -67,10 +70,38 @@ def test_every_function_has_a_pinned_search_path(db):
            AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')""",
     )
     assert sorted(r[0] for r in got) == [
+        "mailbox._inbox_route_claim(mailbox._inbox,integer,timestamp with time zone,boolean)",
+        "mailbox._inbox_route_processed(mailbox._inbox,text)",
+        "mailbox._inbox_route_receive(mailbox._inbox,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._settings()",
         "mailbox.enable_outbox(text,integer,integer,text,boolean,integer)",
         "mailbox.run_numberer(integer)",
     ]
+
+
+def test_the_routers_name_nothing_a_search_path_could_redirect(db):
+    # 10 inboxes, so the CASE splits on OPERATOR(pg_catalog.<) too
+    for i in range(10):
+        db.execute(f"SELECT mailbox.create_inbox('route{i}')")
+    token = re.compile(
+        r"SELECT|CASE|WHEN|THEN|ELSE|END|\(\$1\)\.inbox_key|OPERATOR\(pg_catalog\.[=<]\)|\d+"
+        r"|mailbox\._inbox_(?:\d+|dispatch)_(?:receive|claim|processed)\((?:\$\d+, )*\$\d+\)|\s+"
+    )
+    for kind in ("receive", "claim", "processed"):
+        body = scalar(
+            db,
+            "SELECT prosrc FROM pg_proc WHERE oid = %s::regproc",
+            [f"mailbox._inbox_route_{kind}"],
+        )
+        assert "OPERATOR(pg_catalog.<)" in body
+        assert token.sub("", body) == "", body
+        # no SET clause: a function with one is never inlined
+        config = scalar(
+            db,
+            "SELECT proconfig FROM pg_proc WHERE oid = %s::regproc",
+            [f"mailbox._inbox_route_{kind}"],
+        )
+        assert config is None
 
 
 def test_the_settings_registry_names_nothing_a_search_path_could_redirect(db):

@@ -23,6 +23,7 @@ import subprocess
 import psycopg
 import pytest
 from dumps import (
+    ROUTERS,
     STATE,
     _new_database,
     build_state,
@@ -64,6 +65,11 @@ def check_round_trip(db, dsn, pg_cluster, fmt, tmp_path):
             after = state(restored)
             for name in STATE:
                 assert after[name] == before[name], name
+            # the routers come back arm-less (every call dynamic); maintenance's step puts
+            # back exactly the original's
+            routers = db.execute(ROUTERS).fetchall()
+            assert scalar(restored, "SELECT mailbox._inbox_refresh_routes()") == 3
+            assert restored.execute(ROUTERS).fetchall() == routers
             got = exercise(restored)
     expected = exercise(db)
     check_exercise(expected)
@@ -160,11 +166,12 @@ def test_every_table_and_sequence_of_the_extension_is_dumped(db):
             " WHERE extname = 'pg_mailbox'"
         )
     }
-    # _outbox_waiter and _owner_code_running are soft state of running sessions
+    # _outbox_waiter, _inbox_waiter and _owner_code_running are soft state of running sessions
     assert members - dumped == {
         "mailbox._outbox_log",
         "mailbox._outbox_delta_rows",
         "mailbox._outbox_waiter",
+        "mailbox._inbox_waiter",
         "mailbox._owner_code_running",
     }
     assert dumped <= members

@@ -1,0 +1,41 @@
+-- Part 33 (wake-ups, issue 11), as the outbox's (part 17). NOTIFY mailbox_inbox_new is cheap
+-- to send but serialises the commits of all notifying transactions of the database on one
+-- lock held through the commit's WAL flush (4 single-message receivers: 3,981 commits/s
+-- notifying against 6,435 without). It only helps a worker that waits, so:
+--   * an inbox_claim that returns nothing records its worker as waiting on the inbox (a row
+--     of the UNLOGGED mailbox._inbox_waiter, expiring after
+--     mailbox.consumer_heartbeat_timeout_seconds, at most 60 s, unless it claims again); one
+--     that returns messages removes it; drop_inbox and maintenance forget waits;
+--   * inbox_receive and inbox_receive_batch notify only while some worker of the inbox waits.
+-- As with the outbox, a receiver looks for waiters when it writes, not when it commits: a
+-- receive written before a worker's empty claim committed and committed after it does not
+-- wake that worker, which finds the message at its next claim (poll interval). Nothing is
+-- lost; a wake-up is only ever earlier than the poll.
+
+-- Records (p_waiting) or forgets a worker's wait on an inbox (wake-ups, above).
+CREATE FUNCTION mailbox._inbox_wait(p_key int, p_worker text, p_waiting boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF p_waiting THEN
+        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, worker, waiting_until)
+        VALUES (p_key, p_worker, pg_catalog.clock_timestamp()
+                                 + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+            ON CONFLICT (inbox_key, worker) DO UPDATE SET waiting_until = excluded.waiting_until;
+    ELSE
+        DELETE FROM mailbox._inbox_waiter AS w WHERE w.inbox_key = p_key AND w.worker = p_worker;
+    END IF;
+END
+$$;
+
+-- Whether a receiver of inbox p_key should notify (wake-ups, above). inbox_receive inlines it.
+CREATE FUNCTION mailbox._inbox_has_waiter(p_key int)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                    WHERE w.inbox_key = p_key AND w.waiting_until > pg_catalog.now());
+$$;

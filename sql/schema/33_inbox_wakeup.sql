@@ -1,0 +1,13 @@
+-- Part 33 (wake-ups), schema: the table of sql/functions/33_inbox_wakeup.sql (run once; see
+-- docs/development.md, "Schema and functions").
+
+-- Workers waiting for a wake-up: their last inbox_claim returned nothing (part 33, wake-ups).
+-- Soft state of running sessions, like _outbox_waiter: UNLOGGED, not dumped.
+CREATE UNLOGGED TABLE mailbox._inbox_waiter (
+    inbox_key int NOT NULL,
+    worker text NOT NULL,
+    waiting_until timestamptz NOT NULL,
+    PRIMARY KEY (inbox_key, worker)
+);
+COMMENT ON TABLE mailbox._inbox_waiter IS
+'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
