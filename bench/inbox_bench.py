@@ -352,17 +352,16 @@ def mailbox_worker(dsn, inbox, batch, per_message):
     def work(i):
         with connect(dsn, autocommit=False) as conn:
             while True:
+                # the whole messages, as a consumer reads them (the baseline reads the same)
                 got = conn.execute(
-                    "SELECT event_id FROM mailbox.inbox_claim(%s, %s, %s)", [inbox, f"w{i}", batch]
+                    "SELECT * FROM mailbox.inbox_claim(%s, %s, %s)", [inbox, f"w{i}", batch]
                 ).fetchall()
                 if not got:
                     conn.commit()
                     return
                 if per_message:
-                    for (event_id,) in got:
-                        conn.execute(
-                            "SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, event_id]
-                        )
+                    for row in got:
+                        conn.execute("SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, row[0]])
                 else:
                     conn.execute(
                         "SELECT mailbox.inbox_mark_processed(%s, %s::text[])",
@@ -373,6 +372,13 @@ def mailbox_worker(dsn, inbox, batch, per_message):
     return work
 
 
+# what inbox_claim returns per message, but its lease_until: a consumer needs the payload
+MESSAGE_COLUMNS = (
+    "event_id, event_type, source, aggregate_id, sequence_num, priority, payload, headers,"
+    " trace_id, retry_count, received_at"
+)
+
+
 def plain_worker(dsn, batch, per_message):
     """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
     makes the same number of round trips as claim + one mark call per message."""
@@ -381,7 +387,7 @@ def plain_worker(dsn, batch, per_message):
         with connect(dsn, autocommit=False) as conn:
             while True:
                 got = conn.execute(
-                    "SELECT event_id FROM public.plain_inbox WHERE processed_at IS NULL"
+                    f"SELECT {MESSAGE_COLUMNS} FROM public.plain_inbox WHERE processed_at IS NULL"
                     " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
                     [batch],
                 ).fetchall()
