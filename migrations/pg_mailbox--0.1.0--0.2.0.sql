@@ -5050,18 +5050,15 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 'remove an inbox: views and catalog rows, and with p_cascade the table create_inbox made';
 
 -- sql/functions/33_inbox_messages.sql
--- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark, replay.
+-- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark (replay: part 33, replay).
 --
 -- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
 -- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
 -- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (data, only ever bind parameters, and only for this inbox's key). Replay
--- builds its SQL from the catalog and runs it through mailbox._inbox_as_owner. The hot path
--- inlines the catalog lookup and argument checks (each nested helper call with a SET clause
--- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
--- rare and stays dynamic: the table and its columns come from the catalog mapping through
--- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
--- live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
+-- from what they return (data, only ever bind parameters, and only for this inbox's key). The
+-- hot path inlines the catalog lookup and argument checks (each nested helper call with a SET
+-- clause costs a GUC save and restore) and calls the helpers only to raise their errors.
+-- Leases and retry times live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
 -- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
 -- took the old name; the hot path inlines that check (one name lookup):
@@ -5142,6 +5139,27 @@ $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';
 
+-- Raises inbox_claim's error for its first bad argument (inbox_claim calls it only then).
+CREATE OR REPLACE FUNCTION mailbox._inbox_claim_refuse(p_worker text, p_batch_size int, p_visibility_seconds int)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._check_id('worker', p_worker);
+    PERFORM mailbox._require(p_batch_size, 'p_batch_size');
+    PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
+    IF p_batch_size < 1 OR p_batch_size > 10000 THEN
+        RAISE EXCEPTION 'invalid batch size: %', p_batch_size
+            USING ERRCODE = '22023', HINT = 'p_batch_size is 1 to 10000.';
+    END IF;
+    IF p_visibility_seconds < 1 THEN
+        RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
+            USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION mailbox.inbox_claim(
     p_inbox text, p_worker text, p_batch_size int DEFAULT 10, p_visibility_seconds int DEFAULT 30
 )
@@ -5153,6 +5171,9 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- writes leases of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+-- the generated claim's LIMIT and times are parameters: one generic plan, never a custom
+-- plan per call (an extension owner's generated function has no SET of its own, part 35)
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -5189,22 +5210,10 @@ BEGIN
     IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
-    IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
-        PERFORM mailbox._check_id('worker', p_worker);
-    END IF;
-    IF p_batch_size IS NULL THEN
-        PERFORM mailbox._require(p_batch_size, 'p_batch_size');
-    END IF;
-    IF p_visibility_seconds IS NULL THEN
-        PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
-    END IF;
-    IF p_batch_size < 1 OR p_batch_size > 10000 THEN
-        RAISE EXCEPTION 'invalid batch size: %', p_batch_size
-            USING ERRCODE = '22023', HINT = 'p_batch_size is 1 to 10000.';
-    END IF;
-    IF p_visibility_seconds < 1 THEN
-        RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
-            USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
+    -- one test of the arguments (each PL/pgSQL expression is set up once per transaction)
+    IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 OR p_batch_size IS NULL
+       OR p_visibility_seconds IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 OR p_visibility_seconds < 1 THEN
+        PERFORM mailbox._inbox_claim_refuse(p_worker, p_batch_size, p_visibility_seconds);
     END IF;
     -- a second claim in one transaction: the first one's messages get their lease rows now,
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
@@ -5218,7 +5227,7 @@ BEGIN
     -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
     -- optimisation: what decides is step 2; a settled open claim has just written some)
     v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
-    IF v_rows IS NULL THEN
+    IF coalesce(pg_catalog.cardinality(v_rows), 0) = 0 THEN
         PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
     END IF;
@@ -5244,10 +5253,12 @@ BEGIN
         IF v_found.waiting THEN
             PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
-        INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
-        VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
-                pg_catalog.pg_backend_pid());
-        RETURN QUERY
+        RETURN QUERY -- (one statement: each costs an executor start-up)
+        WITH claim AS (
+            INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
+            VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until,
+                    p_worker, pg_catalog.pg_backend_pid())
+        )
         SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
                m.headers, m.trace_id, m.retry_count, m.received_at, v_until
           FROM pg_catalog.unnest(v_rows) AS m;
@@ -5387,6 +5398,12 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
 'record a failed attempt: ''retry'' (after an optional delay) or ''dead_letter'' at max_retries';
+
+-- sql/functions/33_inbox_replay.sql
+-- Part 33 (replay): replay_inbox_messages (SPEC §3.1), the one rare write of the inbox data
+-- plane: it builds its SQL from the catalog and runs it through mailbox._inbox_as_owner
+-- (part 35), so the inbox table is touched only with its owner's rights; the table and its
+-- columns come from the catalog mapping through format('%I'), every value is a bind parameter.
 
 CREATE OR REPLACE FUNCTION mailbox.replay_inbox_messages(p_name text, p_event_ids text[])
 RETURNS bigint
@@ -6351,9 +6368,9 @@ LANGUAGE sql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format(
-        't.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
-               %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
-               %10$s AS retry_count, %11$s AS received_at',
+        't.%1$I::pg_catalog.text, %2$s, %3$s, %4$s,
+                   %5$s, %6$s, %7$s, %8$s, %9$s,
+                   %10$s, %11$s',
         p_columns ->> 'event_id', mailbox._inbox_item(p_columns, 'event_type', 'text'),
         mailbox._inbox_item(p_columns, 'source', 'text'), mailbox._inbox_item(p_columns, 'aggregate_id', 'text'),
         mailbox._inbox_item(p_columns, 'sequence_num', 'bigint'), mailbox._inbox_item(p_columns, 'priority', 'int'),
@@ -6371,8 +6388,11 @@ $$;
 -- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
 -- probes.
 -- The per-inbox views are security barriers, which a join cannot see into: their probes are
--- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
--- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The array
+-- takes the rows as the locking scan returns them, in the subquery's order (an empty array
+-- when there are none): no window, aggregate or sort of whole messages on top, which cost
+-- about a third of the function. It always uses the generic plan (inbox_claim sets
+-- plan_cache_mode, and _inbox_define for a function of its own): with LIMIT $2 the
 -- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
 -- the plan cache would never pick it and would plan every claim again (about 100 us); the
 -- generic plan has the same shape (index order, anti-join per row).
@@ -6382,11 +6402,8 @@ LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
-    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
-                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
-        SELECT %1$s,
-               pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
+    RETURN ARRAY(
+        SELECT ROW(%1$s)::mailbox._inbox_message
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
                    AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM %7$s AS l
@@ -6394,8 +6411,7 @@ AS $$
                                       AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY %2$s
                  LIMIT $2
-                   FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c);$b$,
+                   FOR UPDATE OF t SKIP LOCKED) AS t);$b$,
         mailbox._inbox_build_message_items(c),
         CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
             || mailbox._inbox_col(c, 'received_at'),
@@ -6456,9 +6472,9 @@ $$;
 -- functions below are (re)generated for it: mailbox._inbox_<key>_receive, _claim,
 -- _processed and _failed hold STATIC SQL with the inbox's identifiers written in through
 -- format('%I') (values stay parameters), so PL/pgSQL caches their plans per session. The
--- public functions check their arguments and dispatch: receive, claim and mark_processed
--- through a router inlined into their cached plans (part 35, routes), the others with one
--- trivial dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...)). The control
+-- public functions check their arguments and dispatch through a router inlined into their
+-- cached plans (part 35, routes), or for an inbox without an arm there, with one trivial
+-- dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...), part 35, dispatch). The control
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
@@ -6472,7 +6488,11 @@ $$;
 -- Leases, ordering state and the catalog are written only by extension-owned code, from
 -- values the generated functions return; those values are data the table owner could have
 -- chosen, so they are only ever bind parameters, and only for that inbox's own key.
--- For a managed inbox (create_inbox) the table's owner is the extension owner.
+-- For a managed inbox (create_inbox) the table's owner is the extension owner; the public
+-- functions already run as that owner, so its generated functions are SECURITY INVOKER
+-- with no SET clause (each SET costs a GUC save and restore per call): they run with the
+-- pinned search_path of the public function that called them, and their owner check (below)
+-- refuses any other caller, since nobody else may execute them.
 --
 -- The table owner may ALTER its functions (SECURITY INVOKER, SET search_path, ...) though
 -- it cannot replace their bodies (that needs CREATE on schema mailbox). A function made
@@ -6536,17 +6556,25 @@ DECLARE
     v_sig text := pg_catalog.format('mailbox.%I(mailbox._inbox, %s)',
                                     '_inbox_' || p_inbox.inbox_key || '_' || p_kind, p_args);
 BEGIN
+    -- the extension owner's functions (every managed inbox's) are reached only from the
+    -- pinned, SECURITY DEFINER public functions, which already run as that owner: no switch
+    -- of user and search_path of their own, which costs each call a GUC save and restore
+    -- (see above, "Whose rights")
     EXECUTE pg_catalog.format(
-        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE SECURITY DEFINER'
-        ' SET search_path = pg_catalog, mailbox, pg_temp%s AS %s',
-        v_sig, p_returns, p_set, pg_catalog.quote_literal(pg_catalog.format($b$
+        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
+        v_sig, p_returns,
+        CASE WHEN v_owner = (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension AS e
+                              WHERE e.extname = 'pg_mailbox')
+             THEN 'SECURITY INVOKER'
+             ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
+        pg_catalog.quote_literal(pg_catalog.format($b$
 #variable_conflict use_column
 DECLARE%1$s
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) %2$s::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function %% must run as %%', %3$s, %2$s::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %%s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %%s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;%4$s
@@ -6616,54 +6644,13 @@ BEGIN
 END
 $$;
 
--- sql/functions/35_inbox_routes.sql
--- Part 35 (routes): static dispatch from the public per-message functions to an inbox's
--- generated functions (issue 11).
---
--- inbox_receive, inbox_claim and inbox_mark_processed used to reach the generated function
--- of their inbox with EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL
--- parses and plans on every call: about a quarter of what a single receive costs on the
--- server. Instead, each of these three kinds has a router, a one-expression SQL function
---
---     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
---                 WHEN ...
---                 ELSE mailbox._inbox_dispatch_receive($1, ...) END
---
--- that the planner inlines into the caller's cached plan: one call per message, no parse, no
--- plan. The routers are a cache, never the only way through:
---   * every arm names a generated function that exists (pg_proc) for an inbox of the
---     catalog and is owned by the extension owner (every managed inbox's; an adopted table's
---     only if that superuser owns the table); any other inbox takes the ELSE arm, the old
---     dynamic call. An adopted table's owner owns its generated functions and may drop
---     them: an arm naming one would then fail every session's inlining of the router, so
---     every inbox's calls, not only that owner's (tests/inbox/test_inbox_codegen.py);
---   * they are rebuilt, under the DDL lock, whenever an inbox's generated functions are made
---     or dropped (create, adopt, reconfigure, drop, extension update), so other sessions'
---     cached plans are invalidated at that commit and re-inline the new body;
---   * they are extension members, so pg_dump does not dump them: a restored database starts
---     with the script's routers, ELSE only, and works at the dynamic call's speed until
---     mailbox.run_maintenance() (or the next inbox DDL) rebuilds them.
--- A router has no SET clause, because a function with one is never inlined. It needs none:
--- it is only ever called from the public functions, whose search_path is pinned, and its body
--- names nothing a search_path could redirect: schema-qualified functions with arguments of
--- their exact declared types, an OPERATOR(pg_catalog.=) between integers, integer literals
--- (tests/security, test_the_routers_name_nothing_a_search_path_could_redirect). Keys above
--- 8 arms are split in halves (nested CASE on OPERATOR(pg_catalog.<)), so a call tests about
--- log2(inboxes) + 8 keys, not every inbox.
+-- sql/functions/35_inbox_dispatch.sql
+-- Part 35 (dispatch): the dynamic calls of an inbox's generated functions, the ELSE arm of
+-- every router (part 35, routes): the path of an inbox the routers have no arm for (an
+-- adopted table owned by someone other than the extension owner, or any inbox until the
+-- routers are rebuilt after a restore). Each parses and plans its one statement per call;
+-- the function name comes from the catalog row's key, every value is a bind parameter.
 
--- The routed kinds with their generated functions' argument types (after the catalog row)
--- and result: the same as _inbox_generate writes (part 35, codegen).
-CREATE OR REPLACE FUNCTION mailbox._inbox_route_kinds()
-RETURNS TABLE (kind text, args text, nargs int, returns text)
-LANGUAGE sql IMMUTABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    VALUES ('receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int', 10, 'boolean'),
-           ('claim', 'int, timestamptz, boolean', 4, 'mailbox._inbox_message[]'),
-           ('processed', 'text', 2, 'mailbox._inbox_done');
-$$;
-
--- The dynamic calls, the routers' ELSE arm: an inbox that has no arm (yet).
 CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_receive(
     mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, int
 )
@@ -6710,6 +6697,119 @@ BEGIN
         USING $1, $2;
     RETURN v_done;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_failed(mailbox._inbox, text, text)
+RETURNS mailbox._inbox_attempt
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_attempt mailbox._inbox_attempt;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3)', '_inbox_' || ($1).inbox_key || '_failed')
+        INTO v_attempt
+        USING $1, $2, $3;
+    RETURN v_attempt;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_receive_batch(mailbox._inbox, jsonb)
+RETURNS boolean[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_new boolean[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_receive_batch')
+        INTO v_new
+        USING $1, $2;
+    RETURN v_new;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_processed_batch(mailbox._inbox, text[])
+RETURNS mailbox._inbox_done[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_done mailbox._inbox_done[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_processed_batch')
+        INTO v_done
+        USING $1, $2;
+    RETURN v_done;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_unsettled(mailbox._inbox, text[])
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_left text[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_unsettled')
+        INTO v_left
+        USING $1, $2;
+    RETURN v_left;
+END
+$$;
+
+-- sql/functions/35_inbox_routes.sql
+-- Part 35 (routes): static dispatch from the public per-message functions to an inbox's
+-- generated functions (issue 11).
+--
+-- The data plane used to reach the generated function of an inbox with
+-- EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL parses and plans on
+-- every call: about a quarter of what a single receive costs on the server, and more than
+-- the lookup itself when a claim settles at commit. Instead, each kind the data plane calls
+-- (receive, claim, processed, failed, receive_batch, processed_batch, unsettled; only the
+-- control plane's query stays dynamic) has a router, a one-expression SQL function
+--
+--     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
+--                 WHEN ...
+--                 ELSE mailbox._inbox_dispatch_receive($1, ...) END
+--
+-- that the planner inlines into the caller's cached plan: one call per message, no parse, no
+-- plan. The routers are a cache, never the only way through:
+--   * every arm names a generated function that exists (pg_proc) for an inbox of the
+--     catalog and is owned by the extension owner (every managed inbox's; an adopted table's
+--     only if that superuser owns the table); any other inbox takes the ELSE arm, the old
+--     dynamic call. An adopted table's owner owns its generated functions and may drop
+--     them: an arm naming one would then fail every session's inlining of the router, so
+--     every inbox's calls, not only that owner's (tests/inbox/test_inbox_codegen.py);
+--   * they are rebuilt, under the DDL lock, whenever an inbox's generated functions are made
+--     or dropped (create, adopt, reconfigure, drop, extension update), so other sessions'
+--     cached plans are invalidated at that commit and re-inline the new body;
+--   * they are extension members, so pg_dump does not dump them: a restored database starts
+--     with the script's routers, ELSE only, and works at the dynamic call's speed until
+--     mailbox.run_maintenance() (or the next inbox DDL) rebuilds them.
+-- A router has no SET clause, because a function with one is never inlined. It needs none:
+-- it is only ever called from the public functions, whose search_path is pinned, and its body
+-- names nothing a search_path could redirect: schema-qualified functions with arguments of
+-- their exact declared types, an OPERATOR(pg_catalog.=) between integers, integer literals
+-- (tests/security, test_the_routers_name_nothing_a_search_path_could_redirect). Keys above
+-- 8 arms are split in halves (nested CASE on OPERATOR(pg_catalog.<)), so a call tests about
+-- log2(inboxes) + 8 keys, not every inbox.
+
+-- The routed kinds with their generated functions' argument types (after the catalog row)
+-- and result: the same as _inbox_generate writes (part 35, codegen).
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_kinds()
+RETURNS TABLE (kind text, args text, nargs int, returns text)
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    VALUES ('receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int', 10, 'boolean'),
+           ('claim', 'int, timestamptz, boolean', 4, 'mailbox._inbox_message[]'),
+           ('processed', 'text', 2, 'mailbox._inbox_done'),
+           ('failed', 'text, text', 3, 'mailbox._inbox_attempt'),
+           ('receive_batch', 'jsonb', 2, 'boolean[]'),
+           ('processed_batch', 'text[]', 2, 'mailbox._inbox_done[]'),
+           ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
 -- The CASE over p_keys (sorted) for one kind: up to 8 keys one arm each, more split in halves.
@@ -6804,6 +6904,26 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed(mailbox._inbox, text)
 RETURNS mailbox._inbox_done
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT mailbox._inbox_dispatch_processed($1, $2)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_failed(mailbox._inbox, text, text)
+RETURNS mailbox._inbox_attempt
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_failed($1, $2, $3)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_batch(mailbox._inbox, jsonb)
+RETURNS boolean[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_receive_batch($1, $2)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_batch(mailbox._inbox, text[])
+RETURNS mailbox._inbox_done[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_processed_batch($1, $2)$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_unsettled(mailbox._inbox, text[])
+RETURNS text[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_unsettled($1, $2)$$;
 
 -- sql/functions/36_inbox_batch_codegen.sql
 -- Part 36: the batch forms of receive and mark (issue 11): many messages per call, in the
@@ -7035,9 +7155,7 @@ BEGIN
     END IF;
     -- the generated function parses the batch, checks ordering, unmapped roles and the
     -- priority's range, and inserts with the table owner's rights
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_receive_batch')
-        INTO v_new
-        USING v_inbox, p_messages;
+    v_new := mailbox._inbox_route_receive_batch(v_inbox, p_messages); -- part 35, routes
     IF TRUE = ANY (v_new) AND mailbox._inbox_has_waiter(v_inbox.inbox_key) THEN -- part 33, wake-ups
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
@@ -7071,9 +7189,7 @@ BEGIN
     IF pg_catalog.cardinality(p_event_ids) = 0 THEN
         RETURN 0;
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed_batch')
-        INTO v_done
-        USING v_inbox, p_event_ids;
+    v_done := mailbox._inbox_route_processed_batch(v_inbox, p_event_ids); -- part 35, routes
     IF v_done IS NULL THEN
         RETURN 0;
     END IF;
@@ -7130,13 +7246,15 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
+    v_attempt mailbox._inbox_attempt;
     v_id text;
     v_retries int;
     v_state text;
 BEGIN
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3)', '_inbox_' || p_inbox.inbox_key || '_failed')
-        INTO v_id, v_retries, v_state
-        USING p_inbox, p_event_id, p_error;
+    v_attempt := mailbox._inbox_route_failed(p_inbox, p_event_id, p_error); -- part 35, routes
+    v_id := v_attempt.event_id;
+    v_retries := v_attempt.retry_count;
+    v_state := v_attempt.state;
     IF v_id IS NULL THEN
         IF v_state = 'missing' THEN
             RAISE EXCEPTION 'inbox message not found: %', p_event_id
@@ -7283,9 +7401,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN; -- the inbox was dropped in the same transaction
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_unsettled')
-        INTO v_left
-        USING v_inbox, v_claim.event_ids;
+    v_left := mailbox._inbox_route_unsettled(v_inbox, v_claim.event_ids); -- part 35, routes
     IF v_left IS NULL THEN
         RETURN;
     END IF;
@@ -7322,7 +7438,10 @@ SECURITY DEFINER -- writes the leases of any inbox at the commit of a mailbox_co
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    PERFORM mailbox._inbox_settle(NEW.claim_no);
+    -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call
+    IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = NEW.claim_no) THEN
+        PERFORM mailbox._inbox_settle(NEW.claim_no);
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -1,15 +1,12 @@
--- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark, replay.
+-- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark (replay: part 33, replay).
 --
 -- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
 -- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
 -- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (data, only ever bind parameters, and only for this inbox's key). Replay
--- builds its SQL from the catalog and runs it through mailbox._inbox_as_owner. The hot path
--- inlines the catalog lookup and argument checks (each nested helper call with a SET clause
--- costs a GUC save and restore) and calls the helpers only to raise their errors. Replay is
--- rare and stays dynamic: the table and its columns come from the catalog mapping through
--- format('%I'), every value is a bind parameter (EXECUTE ... USING). Leases and retry times
--- live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
+-- from what they return (data, only ever bind parameters, and only for this inbox's key). The
+-- hot path inlines the catalog lookup and argument checks (each nested helper call with a SET
+-- clause costs a GUC save and restore) and calls the helpers only to raise their errors.
+-- Leases and retry times live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
 -- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
 -- took the old name; the hot path inlines that check (one name lookup):
@@ -90,6 +87,27 @@ $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';
 
+-- Raises inbox_claim's error for its first bad argument (inbox_claim calls it only then).
+CREATE FUNCTION mailbox._inbox_claim_refuse(p_worker text, p_batch_size int, p_visibility_seconds int)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    PERFORM mailbox._check_id('worker', p_worker);
+    PERFORM mailbox._require(p_batch_size, 'p_batch_size');
+    PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
+    IF p_batch_size < 1 OR p_batch_size > 10000 THEN
+        RAISE EXCEPTION 'invalid batch size: %', p_batch_size
+            USING ERRCODE = '22023', HINT = 'p_batch_size is 1 to 10000.';
+    END IF;
+    IF p_visibility_seconds < 1 THEN
+        RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
+            USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION mailbox.inbox_claim(
     p_inbox text, p_worker text, p_batch_size int DEFAULT 10, p_visibility_seconds int DEFAULT 30
 )
@@ -101,6 +119,9 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- writes leases of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+-- the generated claim's LIMIT and times are parameters: one generic plan, never a custom
+-- plan per call (an extension owner's generated function has no SET of its own, part 35)
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -137,22 +158,10 @@ BEGIN
     IF v_found.moved THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
-    IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 THEN
-        PERFORM mailbox._check_id('worker', p_worker);
-    END IF;
-    IF p_batch_size IS NULL THEN
-        PERFORM mailbox._require(p_batch_size, 'p_batch_size');
-    END IF;
-    IF p_visibility_seconds IS NULL THEN
-        PERFORM mailbox._require(p_visibility_seconds, 'p_visibility_seconds');
-    END IF;
-    IF p_batch_size < 1 OR p_batch_size > 10000 THEN
-        RAISE EXCEPTION 'invalid batch size: %', p_batch_size
-            USING ERRCODE = '22023', HINT = 'p_batch_size is 1 to 10000.';
-    END IF;
-    IF p_visibility_seconds < 1 THEN
-        RAISE EXCEPTION 'invalid visibility timeout: % seconds', p_visibility_seconds
-            USING ERRCODE = '22023', HINT = 'p_visibility_seconds is 1 or more: how long the lease lasts.';
+    -- one test of the arguments (each PL/pgSQL expression is set up once per transaction)
+    IF p_worker IS NULL OR p_worker = '' OR pg_catalog.char_length(p_worker) > 200 OR p_batch_size IS NULL
+       OR p_visibility_seconds IS NULL OR p_batch_size < 1 OR p_batch_size > 10000 OR p_visibility_seconds < 1 THEN
+        PERFORM mailbox._inbox_claim_refuse(p_worker, p_batch_size, p_visibility_seconds);
     END IF;
     -- a second claim in one transaction: the first one's messages get their lease rows now,
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
@@ -166,7 +175,7 @@ BEGIN
     -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
     -- optimisation: what decides is step 2; a settled open claim has just written some)
     v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
-    IF v_rows IS NULL THEN
+    IF coalesce(pg_catalog.cardinality(v_rows), 0) = 0 THEN
         PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
     END IF;
@@ -192,10 +201,12 @@ BEGIN
         IF v_found.waiting THEN
             PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
-        INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
-        VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until, p_worker,
-                pg_catalog.pg_backend_pid());
-        RETURN QUERY
+        RETURN QUERY -- (one statement: each costs an executor start-up)
+        WITH claim AS (
+            INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
+            VALUES (v_inbox.inbox_key, ARRAY(SELECT m.event_id FROM pg_catalog.unnest(v_rows) AS m), v_until,
+                    p_worker, pg_catalog.pg_backend_pid())
+        )
         SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
                m.headers, m.trace_id, m.retry_count, m.received_at, v_until
           FROM pg_catalog.unnest(v_rows) AS m;
@@ -335,41 +346,3 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
 'record a failed attempt: ''retry'' (after an optional delay) or ''dead_letter'' at max_retries';
-
-CREATE FUNCTION mailbox.replay_inbox_messages(p_name text, p_event_ids text[])
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- resets messages (as the table owner) and their leases of any inbox for mailbox_admin
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_inbox mailbox._inbox := mailbox._inbox_get(p_name);
-    c jsonb := v_inbox.columns;
-    v_set text := '';
-    v_ids text[];
-BEGIN
-    PERFORM mailbox._require(p_event_ids, 'p_event_ids');
-    PERFORM mailbox._inbox_check_table(v_inbox);
-    IF c ? 'error' THEN
-        v_set := pg_catalog.format(', %I = NULL', c ->> 'error');
-    END IF;
-    SELECT coalesce(pg_catalog.array_agg(x.id ORDER BY x.id), ARRAY[]::text[]) INTO v_ids
-      FROM pg_catalog.jsonb_array_elements_text(mailbox._inbox_as_owner(v_inbox, pg_catalog.format(
-        'WITH r AS (UPDATE %1$I.%2$I AS t SET %3$I = NULL, %4$I = 0%5$s'
-        ' WHERE t.%6$I = ANY (%7$s) AND (t.%3$I IS NOT NULL OR t.%4$I >= ($1).max_retries)'
-        ' RETURNING t.%6$I::pg_catalog.text AS id)'
-        ' SELECT coalesce(pg_catalog.jsonb_agg(r.id), ''[]'') FROM r',
-        v_inbox.schema_name, v_inbox.table_name, c ->> 'processed_at', c ->> 'retry_count', v_set,
-        c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE)), NULL, p_event_ids)) AS x (id);
-    IF pg_catalog.cardinality(v_ids) > 0 THEN
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = ANY (v_ids);
-        PERFORM mailbox._inbox_unclaim(v_inbox.inbox_key, v_ids);
-        PERFORM mailbox._alert('inbox_replay', pg_catalog.jsonb_build_object(
-            'inbox', p_name, 'count', pg_catalog.cardinality(v_ids),
-            'event_ids', pg_catalog.to_jsonb(v_ids[1:100])));
-    END IF;
-    RETURN pg_catalog.cardinality(v_ids);
-END
-$$;
-COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
-'reset processed or dead-lettered messages (by id) so they are processed again; alerts inbox_replay';

@@ -125,9 +125,9 @@ LANGUAGE sql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format(
-        't.%1$I::pg_catalog.text AS event_id, %2$s AS event_type, %3$s AS source, %4$s AS aggregate_id,
-               %5$s AS sequence_num, %6$s AS priority, %7$s AS payload, %8$s AS headers, %9$s AS trace_id,
-               %10$s AS retry_count, %11$s AS received_at',
+        't.%1$I::pg_catalog.text, %2$s, %3$s, %4$s,
+                   %5$s, %6$s, %7$s, %8$s, %9$s,
+                   %10$s, %11$s',
         p_columns ->> 'event_id', mailbox._inbox_item(p_columns, 'event_type', 'text'),
         mailbox._inbox_item(p_columns, 'source', 'text'), mailbox._inbox_item(p_columns, 'aggregate_id', 'text'),
         mailbox._inbox_item(p_columns, 'sequence_num', 'bigint'), mailbox._inbox_item(p_columns, 'priority', 'int'),
@@ -145,8 +145,11 @@ $$;
 -- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
 -- probes.
 -- The per-inbox views are security barriers, which a join cannot see into: their probes are
--- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The function
--- always uses the generic plan (_inbox_generate sets plan_cache_mode): with LIMIT $2 the
+-- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The array
+-- takes the rows as the locking scan returns them, in the subquery's order (an empty array
+-- when there are none): no window, aggregate or sort of whole messages on top, which cost
+-- about a third of the function. It always uses the generic plan (inbox_claim sets
+-- plan_cache_mode, and _inbox_define for a function of its own): with LIMIT $2 the
 -- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
 -- the plan cache would never pick it and would plan every claim again (about 100 us); the
 -- generic plan has the same shape (index order, anti-join per row).
@@ -156,11 +159,8 @@ LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
-    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
-                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
-        SELECT %1$s,
-               pg_catalog.row_number() OVER (ORDER BY %2$s) AS n
+    RETURN ARRAY(
+        SELECT ROW(%1$s)::mailbox._inbox_message
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
                    AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM %7$s AS l
@@ -168,8 +168,7 @@ AS $$
                                       AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY %2$s
                  LIMIT $2
-                   FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c);$b$,
+                   FOR UPDATE OF t SKIP LOCKED) AS t);$b$,
         mailbox._inbox_build_message_items(c),
         CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
             || mailbox._inbox_col(c, 'received_at'),

@@ -6,9 +6,9 @@
 -- functions below are (re)generated for it: mailbox._inbox_<key>_receive, _claim,
 -- _processed and _failed hold STATIC SQL with the inbox's identifiers written in through
 -- format('%I') (values stay parameters), so PL/pgSQL caches their plans per session. The
--- public functions check their arguments and dispatch: receive, claim and mark_processed
--- through a router inlined into their cached plans (part 35, routes), the others with one
--- trivial dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...)). The control
+-- public functions check their arguments and dispatch through a router inlined into their
+-- cached plans (part 35, routes), or for an inbox without an arm there, with one trivial
+-- dynamic call (SELECT mailbox._inbox_<key>_<kind>($1, ...), part 35, dispatch). The control
 -- plane (replay, drains, counts, gaps, ordering seed) builds its SQL from the catalog as
 -- before and runs it through the fifth, mailbox._inbox_<key>_query.
 --
@@ -22,7 +22,11 @@
 -- Leases, ordering state and the catalog are written only by extension-owned code, from
 -- values the generated functions return; those values are data the table owner could have
 -- chosen, so they are only ever bind parameters, and only for that inbox's own key.
--- For a managed inbox (create_inbox) the table's owner is the extension owner.
+-- For a managed inbox (create_inbox) the table's owner is the extension owner; the public
+-- functions already run as that owner, so its generated functions are SECURITY INVOKER
+-- with no SET clause (each SET costs a GUC save and restore per call): they run with the
+-- pinned search_path of the public function that called them, and their owner check (below)
+-- refuses any other caller, since nobody else may execute them.
 --
 -- The table owner may ALTER its functions (SECURITY INVOKER, SET search_path, ...) though
 -- it cannot replace their bodies (that needs CREATE on schema mailbox). A function made
@@ -86,17 +90,25 @@ DECLARE
     v_sig text := pg_catalog.format('mailbox.%I(mailbox._inbox, %s)',
                                     '_inbox_' || p_inbox.inbox_key || '_' || p_kind, p_args);
 BEGIN
+    -- the extension owner's functions (every managed inbox's) are reached only from the
+    -- pinned, SECURITY DEFINER public functions, which already run as that owner: no switch
+    -- of user and search_path of their own, which costs each call a GUC save and restore
+    -- (see above, "Whose rights")
     EXECUTE pg_catalog.format(
-        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE SECURITY DEFINER'
-        ' SET search_path = pg_catalog, mailbox, pg_temp%s AS %s',
-        v_sig, p_returns, p_set, pg_catalog.quote_literal(pg_catalog.format($b$
+        'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
+        v_sig, p_returns,
+        CASE WHEN v_owner = (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension AS e
+                              WHERE e.extname = 'pg_mailbox')
+             THEN 'SECURITY INVOKER'
+             ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
+        pg_catalog.quote_literal(pg_catalog.format($b$
 #variable_conflict use_column
 DECLARE%1$s
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) %2$s::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function %% must run as %%', %3$s, %2$s::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %%s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %%s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;%4$s

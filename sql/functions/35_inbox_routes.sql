@@ -1,10 +1,12 @@
 -- Part 35 (routes): static dispatch from the public per-message functions to an inbox's
 -- generated functions (issue 11).
 --
--- inbox_receive, inbox_claim and inbox_mark_processed used to reach the generated function
--- of their inbox with EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL
--- parses and plans on every call: about a quarter of what a single receive costs on the
--- server. Instead, each of these three kinds has a router, a one-expression SQL function
+-- The data plane used to reach the generated function of an inbox with
+-- EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL parses and plans on
+-- every call: about a quarter of what a single receive costs on the server, and more than
+-- the lookup itself when a claim settles at commit. Instead, each kind the data plane calls
+-- (receive, claim, processed, failed, receive_batch, processed_batch, unsettled; only the
+-- control plane's query stays dynamic) has a router, a one-expression SQL function
 --
 --     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
 --                 WHEN ...
@@ -41,56 +43,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     VALUES ('receive', 'text, jsonb, text, text, text, bigint, jsonb, text, int', 10, 'boolean'),
            ('claim', 'int, timestamptz, boolean', 4, 'mailbox._inbox_message[]'),
-           ('processed', 'text', 2, 'mailbox._inbox_done');
-$$;
-
--- The dynamic calls, the routers' ELSE arm: an inbox that has no arm (yet).
-CREATE FUNCTION mailbox._inbox_dispatch_receive(
-    mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, int
-)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_new boolean;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
-                              '_inbox_' || ($1).inbox_key || '_receive')
-        INTO v_new
-        USING $1, $2, $3, $4, $5, $6, $7, $8, $9, $10;
-    RETURN v_new;
-END
-$$;
-
-CREATE FUNCTION mailbox._inbox_dispatch_claim(mailbox._inbox, int, timestamptz, boolean)
-RETURNS mailbox._inbox_message[]
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_rows mailbox._inbox_message[];
-BEGIN
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2, $3, $4)', '_inbox_' || ($1).inbox_key || '_claim')
-        INTO v_rows
-        USING $1, $2, $3, $4;
-    RETURN v_rows;
-END
-$$;
-
-CREATE FUNCTION mailbox._inbox_dispatch_processed(mailbox._inbox, text)
-RETURNS mailbox._inbox_done
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_done mailbox._inbox_done;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_processed')
-        INTO v_done
-        USING $1, $2;
-    RETURN v_done;
-END
+           ('processed', 'text', 2, 'mailbox._inbox_done'),
+           ('failed', 'text, text', 3, 'mailbox._inbox_attempt'),
+           ('receive_batch', 'jsonb', 2, 'boolean[]'),
+           ('processed_batch', 'text[]', 2, 'mailbox._inbox_done[]'),
+           ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
 -- The CASE over p_keys (sorted) for one kind: up to 8 keys one arm each, more split in halves.
@@ -185,3 +142,23 @@ CREATE FUNCTION mailbox._inbox_route_processed(mailbox._inbox, text)
 RETURNS mailbox._inbox_done
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT mailbox._inbox_dispatch_processed($1, $2)$$;
+
+CREATE FUNCTION mailbox._inbox_route_failed(mailbox._inbox, text, text)
+RETURNS mailbox._inbox_attempt
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_failed($1, $2, $3)$$;
+
+CREATE FUNCTION mailbox._inbox_route_receive_batch(mailbox._inbox, jsonb)
+RETURNS boolean[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_receive_batch($1, $2)$$;
+
+CREATE FUNCTION mailbox._inbox_route_processed_batch(mailbox._inbox, text[])
+RETURNS mailbox._inbox_done[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_processed_batch($1, $2)$$;
+
+CREATE FUNCTION mailbox._inbox_route_unsettled(mailbox._inbox, text[])
+RETURNS text[]
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_unsettled($1, $2)$$;

@@ -84,9 +84,7 @@ BEGIN
     END IF;
     -- the generated function parses the batch, checks ordering, unmapped roles and the
     -- priority's range, and inserts with the table owner's rights
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_receive_batch')
-        INTO v_new
-        USING v_inbox, p_messages;
+    v_new := mailbox._inbox_route_receive_batch(v_inbox, p_messages); -- part 35, routes
     IF TRUE = ANY (v_new) AND mailbox._inbox_has_waiter(v_inbox.inbox_key) THEN -- part 33, wake-ups
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', v_inbox.inbox_name);
     END IF;
@@ -120,9 +118,7 @@ BEGIN
     IF pg_catalog.cardinality(p_event_ids) = 0 THEN
         RETURN 0;
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_processed_batch')
-        INTO v_done
-        USING v_inbox, p_event_ids;
+    v_done := mailbox._inbox_route_processed_batch(v_inbox, p_event_ids); -- part 35, routes
     IF v_done IS NULL THEN
         RETURN 0;
     END IF;
@@ -179,13 +175,15 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
+    v_attempt mailbox._inbox_attempt;
     v_id text;
     v_retries int;
     v_state text;
 BEGIN
-    EXECUTE pg_catalog.format('SELECT * FROM mailbox.%I($1, $2, $3)', '_inbox_' || p_inbox.inbox_key || '_failed')
-        INTO v_id, v_retries, v_state
-        USING p_inbox, p_event_id, p_error;
+    v_attempt := mailbox._inbox_route_failed(p_inbox, p_event_id, p_error); -- part 35, routes
+    v_id := v_attempt.event_id;
+    v_retries := v_attempt.retry_count;
+    v_state := v_attempt.state;
     IF v_id IS NULL THEN
         IF v_state = 'missing' THEN
             RAISE EXCEPTION 'inbox message not found: %', p_event_id

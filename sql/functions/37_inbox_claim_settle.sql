@@ -55,9 +55,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN; -- the inbox was dropped in the same transaction
     END IF;
-    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || v_inbox.inbox_key || '_unsettled')
-        INTO v_left
-        USING v_inbox, v_claim.event_ids;
+    v_left := mailbox._inbox_route_unsettled(v_inbox, v_claim.event_ids); -- part 35, routes
     IF v_left IS NULL THEN
         RETURN;
     END IF;
@@ -94,7 +92,10 @@ SECURITY DEFINER -- writes the leases of any inbox at the commit of a mailbox_co
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    PERFORM mailbox._inbox_settle(NEW.claim_no);
+    -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call
+    IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = NEW.claim_no) THEN
+        PERFORM mailbox._inbox_settle(NEW.claim_no);
+    END IF;
     RETURN NULL;
 END
 $$;

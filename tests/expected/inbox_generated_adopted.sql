@@ -11,17 +11,14 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'claim of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
-                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
-        SELECT t.id::pg_catalog.text AS event_id, CAST(NULL AS text) AS event_type, CAST(NULL AS text) AS source, CAST(NULL AS text) AS aggregate_id,
-               CAST(NULL AS bigint) AS sequence_num, CAST(NULL AS int) AS priority, CAST(NULL AS jsonb) AS payload, CAST(NULL AS jsonb) AS headers, CAST(NULL AS text) AS trace_id,
-               CAST(t.tries AS int) AS retry_count, CAST(t.got AS timestamptz) AS received_at,
-               pg_catalog.row_number() OVER (ORDER BY t.got) AS n
+    RETURN ARRAY(
+        SELECT ROW(t.id::pg_catalog.text, CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
+                   CAST(NULL AS bigint), CAST(NULL AS int), CAST(NULL AS jsonb), CAST(NULL AS jsonb), CAST(NULL AS text),
+                   CAST(t.tries AS int), CAST(t.got AS timestamptz))::mailbox._inbox_message
           FROM (SELECT t.* FROM public.legacy AS t
                  WHERE t.done IS NULL AND t.tries < ($1).max_retries
                    AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
@@ -29,8 +26,7 @@ BEGIN
                                       AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY t.got
                  LIMIT $2
-                   FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c);
+                   FOR UPDATE OF t SKIP LOCKED) AS t);
 END$function$
 
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_failed(mailbox._inbox, text, text)
@@ -48,7 +44,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'failed of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -78,7 +74,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -100,7 +96,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -127,7 +123,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'query of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -147,7 +143,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -209,7 +205,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -282,7 +278,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'unsettled of inbox legacy', '<owner>'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;

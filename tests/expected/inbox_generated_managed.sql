@@ -1,9 +1,6 @@
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone, boolean)
  RETURNS mailbox._inbox_message[]
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -11,17 +8,14 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'claim of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    RETURN (SELECT pg_catalog.array_agg(ROW(c.event_id, c.event_type, c.source, c.aggregate_id, c.sequence_num,
-                                            c.priority, c.payload, c.headers, c.trace_id, c.retry_count,
-                                            c.received_at)::mailbox._inbox_message ORDER BY c.n) FROM (
-        SELECT t.event_id::pg_catalog.text AS event_id, CAST(t.event_type AS text) AS event_type, CAST(t.source AS text) AS source, CAST(t.aggregate_id AS text) AS aggregate_id,
-               CAST(t.sequence_num AS bigint) AS sequence_num, CAST(t.priority AS int) AS priority, CAST(t.payload AS jsonb) AS payload, CAST(t.headers AS jsonb) AS headers, CAST(t.trace_id AS text) AS trace_id,
-               CAST(t.retry_count AS int) AS retry_count, CAST(t.received_at AS timestamptz) AS received_at,
-               pg_catalog.row_number() OVER (ORDER BY t.received_at) AS n
+    RETURN ARRAY(
+        SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
+                   CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
+                   CAST(t.retry_count AS int), CAST(t.received_at AS timestamptz))::mailbox._inbox_message
           FROM (SELECT t.* FROM mailbox.gen AS t
                  WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries AND t.event_id = ANY (ARRAY(SELECT n.event_id FROM (
 WITH RECURSIVE heads AS (
@@ -47,15 +41,12 @@ SELECT m.* FROM heads AS h
                                       AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
                  ORDER BY t.received_at
                  LIMIT $2
-                   FOR UPDATE OF t SKIP LOCKED) AS t
-    ) AS c);
+                   FOR UPDATE OF t SKIP LOCKED) AS t);
 END$function$
 
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_failed(mailbox._inbox, text, text)
  RETURNS mailbox._inbox_attempt
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -66,7 +57,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'failed of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -84,8 +75,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed(mailbox._inbox, text)
  RETURNS mailbox._inbox_done
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -96,7 +85,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -108,8 +97,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_batch(mailbox._inbox, text[])
  RETURNS mailbox._inbox_done[]
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -118,7 +105,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -135,8 +122,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_query(mailbox._inbox, text, bigint[], text[])
  RETURNS jsonb
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -145,7 +130,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'query of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -156,8 +141,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
  RETURNS boolean
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -165,7 +148,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -186,8 +169,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_batch(mailbox._inbox, jsonb)
  RETURNS boolean[]
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -197,7 +178,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
@@ -285,8 +266,6 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_unsettled(mailbox._inbox, text[])
  RETURNS text[]
  LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -295,7 +274,7 @@ BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'unsettled of inbox gen', 'postgres'::pg_catalog.name
             USING ERRCODE = '42501',
-                  DETAIL = pg_catalog.format('It runs as %s: its SECURITY DEFINER property or owner was changed.',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;

@@ -53,13 +53,28 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
             "unsettled",
         )
     ]
-    # a managed table's owner is the extension owner
+    # a managed table's owner is the extension owner, whose pinned public functions call
+    # them already as that owner: invoker functions with no SET clause of their own
     extension_owner = scalar(
         db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
     )
     for _name, definer, config, public, owner in got:
-        assert definer and not public and owner == extension_owner
-        assert config[0] == "search_path=pg_catalog, mailbox, pg_temp"
+        assert not definer and not public and owner == extension_owner
+        assert config is None
+    # nobody else may call them, and a superuser that is not their owner is refused
+    consumer = make_role(db, "mailbox_consumer")
+    other = make_role(db)
+    db.execute(f'ALTER ROLE "{other}" SUPERUSER')
+    call = f"SELECT mailbox._inbox_{k}_processed(i, 'x') FROM mailbox._inbox i"
+    for role in (consumer, other):
+        db.execute(f'SET ROLE "{role}"')
+        with raises("42501") as info:
+            db.execute(call)
+        db.execute("RESET ROLE")
+        want = "permission denied" if role == consumer else "must run as"
+        assert want in str(info.value), info.value
+    drop_role(db, consumer)
+    drop_role(db, other)
     db.execute("SELECT mailbox.drop_inbox('gen', p_cascade => true)")
     assert rows(db, GENERATED, [str(k)]) == []
 
@@ -213,8 +228,8 @@ def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):
 
 # ---------------------------------------------------------------- routers (part 35, routes)
 ROUTER_SRC = "SELECT prosrc FROM pg_proc WHERE oid = %s::regproc"
-ROUTERS = ("mailbox._inbox_route_receive", "mailbox._inbox_route_claim")
-ROUTERS += ("mailbox._inbox_route_processed",)
+KINDS = ("receive", "claim", "processed", "failed", "receive_batch", "processed_batch", "unsettled")
+ROUTERS = tuple(f"mailbox._inbox_route_{kind}" for kind in KINDS)
 
 
 def routed_keys(db, kind):
@@ -223,7 +238,8 @@ def routed_keys(db, kind):
 
 
 def round_trip(conn, inbox, event_id):
-    """receive, claim and mark one message: each goes through its router"""
+    """receive, claim and mark one message, then the batch forms and a failure: every kind
+    goes through its router (the claims' commits settle through unsettled)"""
     assert conn.execute("SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id]).fetchone()[
         0
     ]
@@ -232,6 +248,23 @@ def round_trip(conn, inbox, event_id):
     assert conn.execute(
         "SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, event_id]
     ).fetchone()[0]
+    batch = event_id + "-b"
+    assert rows(
+        conn,
+        "SELECT * FROM mailbox.inbox_receive_batch(%s, jsonb_build_array("
+        " jsonb_build_object('p_event_id', %s::text, 'p_payload', '{}'::jsonb)))",
+        [inbox, batch],
+    ) == [(batch, True)]
+    assert rows(conn, "SELECT event_id FROM mailbox.inbox_claim(%s, 'w', 10)", [inbox]) == [
+        (batch,)
+    ]
+    assert rows(
+        conn, "SELECT * FROM mailbox.inbox_mark_failed(%s, ARRAY[%s], 'e', 0)", [inbox, batch]
+    ) == [(batch, "retry")]
+    assert rows(conn, "SELECT event_id FROM mailbox.inbox_claim(%s, 'w', 10)", [inbox]) == [
+        (batch,)
+    ]
+    assert scalar(conn, "SELECT mailbox.inbox_mark_processed(%s, ARRAY[%s])", [inbox, batch]) == 1
 
 
 def test_routers_name_every_inbox_and_split_past_eight(db):
@@ -239,7 +272,7 @@ def test_routers_name_every_inbox_and_split_past_eight(db):
     for name in names:
         db.execute("SELECT mailbox.create_inbox(%s)", [name])
     keys = sorted(key(db, n) for n in names)
-    for kind in ("receive", "claim", "processed"):
+    for kind in KINDS:
         assert routed_keys(db, kind) == keys, kind
     # 11 keys: one split on the middle key, then two CASEs of arms
     assert "OPERATOR(pg_catalog.<)" in scalar(db, ROUTER_SRC, [ROUTERS[0]])
@@ -248,7 +281,7 @@ def test_routers_name_every_inbox_and_split_past_eight(db):
     db.execute("SELECT mailbox.drop_inbox('r3', false, true)")
     db.execute("SELECT mailbox.drop_inbox('r9', false, true)")
     left = sorted(key(db, n) for n in names if n not in ("r3", "r9"))
-    for kind in ("receive", "claim", "processed"):
+    for kind in KINDS:
         assert routed_keys(db, kind) == left, kind
     for name in names:
         if name not in ("r3", "r9"):
@@ -280,7 +313,7 @@ def test_an_inbox_without_an_arm_takes_the_dynamic_call(db):
         assert routed_keys(db, kind) == []
     round_trip(db, "plain", "x")
     # maintenance puts the arms back, once
-    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 3
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 7
     assert routed_keys(db, "receive") == [key(db, "plain")]
     assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 0
     round_trip(db, "plain", "y")
@@ -308,7 +341,7 @@ def test_a_tenant_dropping_its_own_generated_functions_breaks_only_its_inbox(db,
         adopt_legacy(db, tenant)
         db.execute("SELECT mailbox.create_inbox('mine')")
         k = key(db, "legacy")
-        for kind in ("receive", "claim", "processed"):
+        for kind in KINDS:
             assert k not in routed_keys(db, kind), kind
         assert key(db, "mine") in routed_keys(db, "receive")
         db.execute(f'GRANT USAGE ON SCHEMA mailbox TO "{tenant}"')

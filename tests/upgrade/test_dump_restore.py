@@ -68,7 +68,7 @@ def check_round_trip(db, dsn, pg_cluster, fmt, tmp_path):
             # the routers come back arm-less (every call dynamic); maintenance's step puts
             # back exactly the original's
             routers = db.execute(ROUTERS).fetchall()
-            assert scalar(restored, "SELECT mailbox._inbox_refresh_routes()") == 3
+            assert scalar(restored, "SELECT mailbox._inbox_refresh_routes()") == 7
             assert restored.execute(ROUTERS).fetchall() == routers
             got = exercise(restored)
     expected = exercise(db)
