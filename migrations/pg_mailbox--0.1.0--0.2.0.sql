@@ -72,9 +72,12 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 -- Issue 11: inbox workers waiting for a wake-up (part 33): receivers notify only while one is.
 CREATE UNLOGGED TABLE mailbox._inbox_waiter (
     inbox_key int NOT NULL,
+    -- one row per connection, not per worker name: several connections may claim under one
+    -- name, and each writes only its own row, so no claimer ever waits for another's
+    backend_pid int NOT NULL,
     worker text NOT NULL,
     waiting_until timestamptz NOT NULL,
-    PRIMARY KEY (inbox_key, worker)
+    PRIMARY KEY (inbox_key, backend_pid)
 );
 COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
@@ -1717,8 +1720,14 @@ RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+    -- (a row a consumer's open transaction is rewriting is its own again: skipped, never
+    -- waited for)
     WITH gone AS (
-        DELETE FROM mailbox._outbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
+        DELETE FROM mailbox._outbox_waiter AS w
+         WHERE w.ctid = ANY (ARRAY(SELECT x.ctid FROM mailbox._outbox_waiter AS x
+                                    WHERE x.waiting_until <= pg_catalog.now() FOR UPDATE SKIP LOCKED))
+           AND w.waiting_until <= pg_catalog.now()
+        RETURNING 1
     )
     SELECT pg_catalog.count(*) FROM gone;
 $$;
@@ -5188,7 +5197,7 @@ BEGIN
     -- grants of its own (without, it is open to the role-level grants); whether its stored
     -- table name still names its table, which the generated functions name; whether this
     -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
-    -- has a lease row at all; whether this worker waits for a wake-up (part 33, wake-ups)
+    -- has a lease row at all; whether this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            EXISTS (SELECT 1 FROM mailbox._object_grant AS x
                     WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
@@ -5197,7 +5206,7 @@ BEGIN
            EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                    WHERE w.inbox_key = i.inbox_key AND w.worker = p_worker) AS waiting
+                    WHERE w.inbox_key = i.inbox_key AND w.backend_pid = pg_catalog.pg_backend_pid()) AS waiting
       INTO v_found
       FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
@@ -5458,7 +5467,12 @@ COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 -- wake that worker, which finds the message at its next claim (poll interval). Nothing is
 -- lost; a wake-up is only ever earlier than the poll.
 
--- Records (p_waiting) or forgets a worker's wait on an inbox (wake-ups, above).
+-- Records (p_waiting) or forgets the wait of the calling connection on an inbox (wake-ups,
+-- above). Keyed by backend, not by worker name: claimers sharing a name (replicas of one
+-- service, say) each write only their own row, so none waits for another's open
+-- transaction. (Behind a transaction-pooling proxy a worker's claims may run on different
+-- backends: a wait another backend registered then lasts until it expires, which only costs
+-- receivers some needless notifications.)
 CREATE OR REPLACE FUNCTION mailbox._inbox_wait(p_key int, p_worker text, p_waiting boolean)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -5466,12 +5480,14 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     IF p_waiting THEN
-        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, worker, waiting_until)
-        VALUES (p_key, p_worker, pg_catalog.clock_timestamp()
-                                 + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
-            ON CONFLICT (inbox_key, worker) DO UPDATE SET waiting_until = excluded.waiting_until;
+        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, backend_pid, worker, waiting_until)
+        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker,
+                pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+            ON CONFLICT (inbox_key, backend_pid) DO UPDATE
+           SET worker = excluded.worker, waiting_until = excluded.waiting_until;
     ELSE
-        DELETE FROM mailbox._inbox_waiter AS w WHERE w.inbox_key = p_key AND w.worker = p_worker;
+        DELETE FROM mailbox._inbox_waiter AS w
+         WHERE w.inbox_key = p_key AND w.backend_pid = pg_catalog.pg_backend_pid();
     END IF;
 END
 $$;
@@ -6502,6 +6518,15 @@ $$;
 -- first) and raises 42501 otherwise. Every declared variable has a pg_catalog type for the
 -- same reason (PL/pgSQL checks a domain's constraints when it initialises a variable).
 --
+-- A session picks up regenerated functions when it next processes catalog invalidations: at
+-- its next transaction, or when it next takes a lock it does not hold. A transaction that
+-- already called an inbox's functions may so keep running their old bodies after
+-- enable/disable_inbox_ordering or _priority committed, while its public functions read the
+-- new catalog row: an unordered receive into an ordered inbox would store a message no
+-- ordered claim ever takes. So every data-plane body first compares the ordering and priority
+-- it was generated for with the catalog row it is passed and raises 40001 (retry the
+-- transaction) when they differ; the control plane's query takes SQL built from that row.
+--
 -- Generated functions:
 --   * take the inbox's catalog row as their first argument; besides carrying max_retries and
 --     the name, that argument type makes them depend on the extension, so
@@ -6577,9 +6602,18 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %%s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
-    END IF;%4$s
+    END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
-            pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body)));
+            pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
+            CASE WHEN p_kind <> 'query' THEN pg_catalog.format($c$
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$c$, CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'TRUE' ELSE 'FALSE' END,
+               CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END)));
     EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', v_sig, v_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_sig);
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %s', v_sig, pg_catalog.quote_literal(
@@ -8201,8 +8235,13 @@ RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- (a row a worker's open transaction is rewriting is its own again: skipped, never waited for)
     WITH gone AS (
-        DELETE FROM mailbox._inbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
+        DELETE FROM mailbox._inbox_waiter AS w
+         WHERE w.ctid = ANY (ARRAY(SELECT x.ctid FROM mailbox._inbox_waiter AS x
+                                    WHERE x.waiting_until <= pg_catalog.now() FOR UPDATE SKIP LOCKED))
+           AND w.waiting_until <= pg_catalog.now()
+        RETURNING 1
     )
     SELECT pg_catalog.count(*) FROM gone;
 $$;

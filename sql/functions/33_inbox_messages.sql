@@ -136,7 +136,7 @@ BEGIN
     -- grants of its own (without, it is open to the role-level grants); whether its stored
     -- table name still names its table, which the generated functions name; whether this
     -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
-    -- has a lease row at all; whether this worker waits for a wake-up (part 33, wake-ups)
+    -- has a lease row at all; whether this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            EXISTS (SELECT 1 FROM mailbox._object_grant AS x
                     WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
@@ -145,7 +145,7 @@ BEGIN
            EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                    WHERE w.inbox_key = i.inbox_key AND w.worker = p_worker) AS waiting
+                    WHERE w.inbox_key = i.inbox_key AND w.backend_pid = pg_catalog.pg_backend_pid()) AS waiting
       INTO v_found
       FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN

@@ -12,7 +12,12 @@
 -- wake that worker, which finds the message at its next claim (poll interval). Nothing is
 -- lost; a wake-up is only ever earlier than the poll.
 
--- Records (p_waiting) or forgets a worker's wait on an inbox (wake-ups, above).
+-- Records (p_waiting) or forgets the wait of the calling connection on an inbox (wake-ups,
+-- above). Keyed by backend, not by worker name: claimers sharing a name (replicas of one
+-- service, say) each write only their own row, so none waits for another's open
+-- transaction. (Behind a transaction-pooling proxy a worker's claims may run on different
+-- backends: a wait another backend registered then lasts until it expires, which only costs
+-- receivers some needless notifications.)
 CREATE FUNCTION mailbox._inbox_wait(p_key int, p_worker text, p_waiting boolean)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -20,12 +25,14 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     IF p_waiting THEN
-        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, worker, waiting_until)
-        VALUES (p_key, p_worker, pg_catalog.clock_timestamp()
-                                 + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
-            ON CONFLICT (inbox_key, worker) DO UPDATE SET waiting_until = excluded.waiting_until;
+        INSERT INTO mailbox._inbox_waiter AS w (inbox_key, backend_pid, worker, waiting_until)
+        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker,
+                pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+            ON CONFLICT (inbox_key, backend_pid) DO UPDATE
+           SET worker = excluded.worker, waiting_until = excluded.waiting_until;
     ELSE
-        DELETE FROM mailbox._inbox_waiter AS w WHERE w.inbox_key = p_key AND w.worker = p_worker;
+        DELETE FROM mailbox._inbox_waiter AS w
+         WHERE w.inbox_key = p_key AND w.backend_pid = pg_catalog.pg_backend_pid();
     END IF;
 END
 $$;

@@ -36,6 +36,15 @@
 -- first) and raises 42501 otherwise. Every declared variable has a pg_catalog type for the
 -- same reason (PL/pgSQL checks a domain's constraints when it initialises a variable).
 --
+-- A session picks up regenerated functions when it next processes catalog invalidations: at
+-- its next transaction, or when it next takes a lock it does not hold. A transaction that
+-- already called an inbox's functions may so keep running their old bodies after
+-- enable/disable_inbox_ordering or _priority committed, while its public functions read the
+-- new catalog row: an unordered receive into an ordered inbox would store a message no
+-- ordered claim ever takes. So every data-plane body first compares the ordering and priority
+-- it was generated for with the catalog row it is passed and raises 40001 (retry the
+-- transaction) when they differ; the control plane's query takes SQL built from that row.
+--
 -- Generated functions:
 --   * take the inbox's catalog row as their first argument; besides carrying max_retries and
 --     the name, that argument type makes them depend on the extension, so
@@ -111,9 +120,18 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %%s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
-    END IF;%4$s
+    END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
-            pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body)));
+            pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
+            CASE WHEN p_kind <> 'query' THEN pg_catalog.format($c$
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$c$, CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'TRUE' ELSE 'FALSE' END,
+               CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END)));
     EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', v_sig, v_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_sig);
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %s', v_sig, pg_catalog.quote_literal(

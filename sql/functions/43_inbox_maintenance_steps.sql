@@ -45,8 +45,13 @@ RETURNS bigint
 LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- (a row a worker's open transaction is rewriting is its own again: skipped, never waited for)
     WITH gone AS (
-        DELETE FROM mailbox._inbox_waiter AS w WHERE w.waiting_until <= pg_catalog.now() RETURNING 1
+        DELETE FROM mailbox._inbox_waiter AS w
+         WHERE w.ctid = ANY (ARRAY(SELECT x.ctid FROM mailbox._inbox_waiter AS x
+                                    WHERE x.waiting_until <= pg_catalog.now() FOR UPDATE SKIP LOCKED))
+           AND w.waiting_until <= pg_catalog.now()
+        RETURNING 1
     )
     SELECT pg_catalog.count(*) FROM gone;
 $$;

@@ -67,9 +67,12 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_count', '');
 -- Issue 11: inbox workers waiting for a wake-up (part 33): receivers notify only while one is.
 CREATE UNLOGGED TABLE mailbox._inbox_waiter (
     inbox_key int NOT NULL,
+    -- one row per connection, not per worker name: several connections may claim under one
+    -- name, and each writes only its own row, so no claimer ever waits for another's
+    backend_pid int NOT NULL,
     worker text NOT NULL,
     waiting_until timestamptz NOT NULL,
-    PRIMARY KEY (inbox_key, worker)
+    PRIMARY KEY (inbox_key, backend_pid)
 );
 COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';

@@ -15,6 +15,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     RETURN ARRAY(
         SELECT ROW(t.id::pg_catalog.text, CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
                    CAST(NULL AS bigint), CAST(NULL AS int), CAST(NULL AS jsonb), CAST(NULL AS jsonb), CAST(NULL AS text),
@@ -48,6 +55,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     UPDATE public.legacy AS t SET tries = t.tries + 1
      WHERE t.id = $2 AND t.done IS NULL AND t.tries < ($1).max_retries
     RETURNING t.id::pg_catalog.text, t.tries INTO v_id, v_retries;
@@ -78,6 +92,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp() WHERE t.id = $2 AND t.done IS NULL
     RETURNING t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8 INTO v_id, v_aggregate, v_seq;
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
@@ -99,6 +120,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         WITH d AS (
             UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp()
@@ -146,6 +174,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     IF $3 IS NOT NULL THEN
         RAISE EXCEPTION 'inbox % has no column for payload', ($1).inbox_name
@@ -208,6 +243,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY m.p_event_id ORDER BY m.n) AS k
@@ -281,6 +323,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         SELECT pg_catalog.array_agg(t.id::pg_catalog.text) INTO v_result
           FROM public.legacy AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.id = k.id

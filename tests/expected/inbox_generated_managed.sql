@@ -12,6 +12,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     RETURN ARRAY(
         SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
                    CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
@@ -61,6 +68,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
      WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
     RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
@@ -89,6 +103,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
     RETURNING t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8) INTO v_id, v_aggregate, v_seq;
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
@@ -108,6 +129,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         WITH d AS (
             UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
@@ -152,6 +180,13 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     IF $6 IS NULL OR $7 IS NULL THEN
         RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
             USING ERRCODE = '22004',
@@ -181,6 +216,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY m.p_event_id ORDER BY m.n) AS k
@@ -277,6 +319,13 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
           FROM mailbox.gen AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.event_id = k.id

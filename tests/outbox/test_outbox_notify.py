@@ -159,3 +159,27 @@ def test_maintenance_forgets_expired_waits(db):
         == "1"
     )
     assert db.execute("SELECT consumer_id FROM mailbox._outbox_waiter").fetchall() == [("alive",)]
+
+
+def test_maintenance_skips_an_expired_wait_that_an_open_poll_is_ending(db, connect):
+    """A consumer whose expired wait is being deleted by its own open poll transaction holds
+    that row: maintenance skips it (never waits for the consumer's business logic) and
+    forgets it on a later pass."""
+    db.execute("SELECT mailbox.create_outbox('a')")
+    consumer = connect(autocommit=False)
+    wait_on(consumer, "a", "slow")
+    consumer.commit()
+    db.execute("UPDATE mailbox._outbox_waiter SET waiting_until = now() - interval '1 second'")
+    db.execute("SELECT mailbox.outbox_publish('a', '{}')")
+    # a poll that finds the event ends the wait, in a transaction left open
+    assert len(consumer.execute("SELECT * FROM mailbox.poll_outbox('g_a', 'slow')").fetchall()) == 1
+    maintenance = connect()
+    maintenance.execute("SET lock_timeout = '500ms'")
+    try:
+        got = maintenance.execute("SELECT mailbox.run_maintenance()->>'consumer_waits_expired'")
+        assert got.fetchone()[0] == "0"
+    finally:
+        consumer.rollback()
+    got = maintenance.execute("SELECT mailbox.run_maintenance()->>'consumer_waits_expired'")
+    assert got.fetchone()[0] == "1"
+    assert db.execute("SELECT count(*) FROM mailbox._outbox_waiter").fetchone()[0] == 0
