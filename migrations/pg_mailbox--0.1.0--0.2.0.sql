@@ -6407,8 +6407,11 @@ $$;
 -- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The array
 -- takes the rows as the locking scan returns them, in the subquery's order (an empty array
 -- when there are none): no window, aggregate or sort of whole messages on top, which cost
--- about a third of the function. It always uses the generic plan (inbox_claim sets
--- plan_cache_mode, and _inbox_define for a function of its own): with LIMIT $2 the
+-- about a third of the function. (So the rows keep the order in which they were sorted
+-- before they were locked: a row whose priority or received_at another transaction changed
+-- just before the lock comes back with its new value in its old place, as with any
+-- ORDER BY ... FOR UPDATE.) It always uses the generic plan (inbox_claim sets
+-- plan_cache_mode, and _inbox_define for another role's SECURITY DEFINER function): with LIMIT $2 the
 -- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
 -- the plan cache would never pick it and would plan every claim again (about 100 us); the
 -- generic plan has the same shape (index order, anti-join per row).
@@ -6498,7 +6501,8 @@ $$;
 -- (triggers, defaults, check constraints, index expressions, domain checks, casts, RLS
 -- policies) with the rights of whoever touches it. The public inbox functions are SECURITY
 -- DEFINER (the extension owner, a superuser), so they never touch an inbox table themselves:
--- the generated functions are SECURITY DEFINER functions OWNED BY THE TABLE'S OWNER, hold
+-- the generated functions run as THE TABLE'S OWNER, who owns them (SECURITY DEFINER, or see
+-- below for the extension owner's own), hold
 -- only this file's fixed SQL, take values as parameters and touch nothing but that table and
 -- three per-inbox views of the inbox's own lease, ordering and settings rows (part 31).
 -- Leases, ordering state and the catalog are written only by extension-owned code, from
@@ -6523,9 +6527,13 @@ $$;
 -- already called an inbox's functions may so keep running their old bodies after
 -- enable/disable_inbox_ordering or _priority committed, while its public functions read the
 -- new catalog row: an unordered receive into an ordered inbox would store a message no
--- ordered claim ever takes. So every data-plane body first compares the ordering and priority
--- it was generated for with the catalog row it is passed and raises 40001 (retry the
--- transaction) when they differ; the control plane's query takes SQL built from that row.
+-- ordered claim ever takes. So every body that depends on the configuration (receive, claim,
+-- processed and the batch forms) first compares what it was generated for (ordering on or
+-- off, the column mapping, which enabling ordering or priority may change; the claim also
+-- priority on or off) with the catalog row it is passed, and raises 40001 (retry the
+-- transaction) when they differ. failed and unsettled read only columns no setting remaps,
+-- so a commit that settles a claim never fails for it; the control plane's query takes SQL
+-- built from that row.
 --
 -- Generated functions:
 --   * take the inbox's catalog row as their first argument; besides carrying max_retries and
@@ -6605,15 +6613,20 @@ BEGIN
     END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
             pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
-            CASE WHEN p_kind <> 'query' THEN pg_catalog.format($c$
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s THEN
+            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch')
+                 THEN pg_catalog.format($c$
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s%s
+       OR ($1).columns OPERATOR(pg_catalog.<>) %s::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;$c$, CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'TRUE' ELSE 'FALSE' END,
-               CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END)));
+                CASE WHEN p_kind = 'claim' THEN pg_catalog.format(
+                    '
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s',
+                    CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END,
+                pg_catalog.quote_literal(p_inbox.columns::text)) ELSE '' END)));
     EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', v_sig, v_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_sig);
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %s', v_sig, pg_catalog.quote_literal(
@@ -8210,21 +8223,60 @@ $$;
 -- Rebuilds the routers (part 35, routes) when one of them is not what the catalog asks for:
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
+-- First regenerates the functions of an inbox whose generated functions' rights no longer fit
+-- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them):
+-- a dump restored by another superuser, who becomes the extension owner, brings back the old
+-- owner's invoker functions, which then refuse every call (42501) until this runs.
 CREATE OR REPLACE FUNCTION mailbox._inbox_refresh_routes()
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+DECLARE
+    v_misfit mailbox._inbox[] := ARRAY(
+        SELECT i FROM mailbox._inbox AS i
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                        WHERE p.pronamespace = 'mailbox'::regnamespace
+                          AND p.proname = ANY (mailbox._inbox_fn_names(i))
+                          AND p.prosecdef = (p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
+                                                            WHERE e.extname = 'pg_mailbox')))
+         ORDER BY i.inbox_key);
+    v_inbox mailbox._inbox;
+    v_before text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                    WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
-                          (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                            WHERE p.pronamespace = 'mailbox'::regnamespace
-                              AND p.proname = '_inbox_route_' || k.kind))
+    IF (pg_catalog.cardinality(v_misfit) = 0
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
+                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
+                               (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+                                 WHERE p.pronamespace = 'mailbox'::regnamespace
+                                   AND p.proname = '_inbox_route_' || k.kind)))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
-    RETURN mailbox._inbox_build_routes();
+    IF pg_catalog.cardinality(v_misfit) = 0 THEN
+        RETURN mailbox._inbox_build_routes();
+    END IF;
+    v_before := ARRAY(SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
+                        JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
+                                                    AND p.proname = '_inbox_route_' || k.kind
+                       ORDER BY k.kind);
+    FOREACH v_inbox IN ARRAY v_misfit LOOP
+        BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
+            PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'regenerating the functions of inbox % failed: %', v_inbox.inbox_name, SQLERRM;
+        END;
+    END LOOP;
+    PERFORM mailbox._inbox_build_routes();
+    -- the routers whose body changed
+    RETURN (SELECT pg_catalog.count(*)
+              FROM ROWS FROM (pg_catalog.unnest(v_before), pg_catalog.unnest(ARRAY(
+                     SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
+                       JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
+                                                   AND p.proname = '_inbox_route_' || k.kind
+                      ORDER BY k.kind))) AS x (old, new)
+             WHERE x.old IS DISTINCT FROM x.new);
 END
 $$;
 

@@ -148,8 +148,11 @@ $$;
 -- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The array
 -- takes the rows as the locking scan returns them, in the subquery's order (an empty array
 -- when there are none): no window, aggregate or sort of whole messages on top, which cost
--- about a third of the function. It always uses the generic plan (inbox_claim sets
--- plan_cache_mode, and _inbox_define for a function of its own): with LIMIT $2 the
+-- about a third of the function. (So the rows keep the order in which they were sorted
+-- before they were locked: a row whose priority or received_at another transaction changed
+-- just before the lock comes back with its new value in its old place, as with any
+-- ORDER BY ... FOR UPDATE.) It always uses the generic plan (inbox_claim sets
+-- plan_cache_mode, and _inbox_define for another role's SECURITY DEFINER function): with LIMIT $2 the
 -- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
 -- the plan cache would never pick it and would plan every claim again (about 100 us); the
 -- generic plan has the same shape (index order, anti-join per row).

@@ -16,7 +16,8 @@
 -- (triggers, defaults, check constraints, index expressions, domain checks, casts, RLS
 -- policies) with the rights of whoever touches it. The public inbox functions are SECURITY
 -- DEFINER (the extension owner, a superuser), so they never touch an inbox table themselves:
--- the generated functions are SECURITY DEFINER functions OWNED BY THE TABLE'S OWNER, hold
+-- the generated functions run as THE TABLE'S OWNER, who owns them (SECURITY DEFINER, or see
+-- below for the extension owner's own), hold
 -- only this file's fixed SQL, take values as parameters and touch nothing but that table and
 -- three per-inbox views of the inbox's own lease, ordering and settings rows (part 31).
 -- Leases, ordering state and the catalog are written only by extension-owned code, from
@@ -41,9 +42,13 @@
 -- already called an inbox's functions may so keep running their old bodies after
 -- enable/disable_inbox_ordering or _priority committed, while its public functions read the
 -- new catalog row: an unordered receive into an ordered inbox would store a message no
--- ordered claim ever takes. So every data-plane body first compares the ordering and priority
--- it was generated for with the catalog row it is passed and raises 40001 (retry the
--- transaction) when they differ; the control plane's query takes SQL built from that row.
+-- ordered claim ever takes. So every body that depends on the configuration (receive, claim,
+-- processed and the batch forms) first compares what it was generated for (ordering on or
+-- off, the column mapping, which enabling ordering or priority may change; the claim also
+-- priority on or off) with the catalog row it is passed, and raises 40001 (retry the
+-- transaction) when they differ. failed and unsettled read only columns no setting remaps,
+-- so a commit that settles a claim never fails for it; the control plane's query takes SQL
+-- built from that row.
 --
 -- Generated functions:
 --   * take the inbox's catalog row as their first argument; besides carrying max_retries and
@@ -123,15 +128,20 @@ BEGIN
     END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
             pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
-            CASE WHEN p_kind <> 'query' THEN pg_catalog.format($c$
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s THEN
+            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch')
+                 THEN pg_catalog.format($c$
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s%s
+       OR ($1).columns OPERATOR(pg_catalog.<>) %s::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;$c$, CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'TRUE' ELSE 'FALSE' END,
-               CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END)));
+                CASE WHEN p_kind = 'claim' THEN pg_catalog.format(
+                    '
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) %s',
+                    CASE WHEN p_inbox.priority_tiers IS NULL THEN 'TRUE' ELSE 'FALSE' END) ELSE '' END,
+                pg_catalog.quote_literal(p_inbox.columns::text)) ELSE '' END)));
     EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', v_sig, v_owner);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_sig);
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %s', v_sig, pg_catalog.quote_literal(

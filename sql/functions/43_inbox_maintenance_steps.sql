@@ -20,21 +20,60 @@ $$;
 -- Rebuilds the routers (part 35, routes) when one of them is not what the catalog asks for:
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
+-- First regenerates the functions of an inbox whose generated functions' rights no longer fit
+-- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them):
+-- a dump restored by another superuser, who becomes the extension owner, brings back the old
+-- owner's invoker functions, which then refuse every call (42501) until this runs.
 CREATE FUNCTION mailbox._inbox_refresh_routes()
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+DECLARE
+    v_misfit mailbox._inbox[] := ARRAY(
+        SELECT i FROM mailbox._inbox AS i
+         WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                        WHERE p.pronamespace = 'mailbox'::regnamespace
+                          AND p.proname = ANY (mailbox._inbox_fn_names(i))
+                          AND p.prosecdef = (p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
+                                                            WHERE e.extname = 'pg_mailbox')))
+         ORDER BY i.inbox_key);
+    v_inbox mailbox._inbox;
+    v_before text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                    WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
-                          (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                            WHERE p.pronamespace = 'mailbox'::regnamespace
-                              AND p.proname = '_inbox_route_' || k.kind))
+    IF (pg_catalog.cardinality(v_misfit) = 0
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
+                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
+                               (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+                                 WHERE p.pronamespace = 'mailbox'::regnamespace
+                                   AND p.proname = '_inbox_route_' || k.kind)))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
-    RETURN mailbox._inbox_build_routes();
+    IF pg_catalog.cardinality(v_misfit) = 0 THEN
+        RETURN mailbox._inbox_build_routes();
+    END IF;
+    v_before := ARRAY(SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
+                        JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
+                                                    AND p.proname = '_inbox_route_' || k.kind
+                       ORDER BY k.kind);
+    FOREACH v_inbox IN ARRAY v_misfit LOOP
+        BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
+            PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'regenerating the functions of inbox % failed: %', v_inbox.inbox_name, SQLERRM;
+        END;
+    END LOOP;
+    PERFORM mailbox._inbox_build_routes();
+    -- the routers whose body changed
+    RETURN (SELECT pg_catalog.count(*)
+              FROM ROWS FROM (pg_catalog.unnest(v_before), pg_catalog.unnest(ARRAY(
+                     SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
+                       JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
+                                                   AND p.proname = '_inbox_route_' || k.kind
+                      ORDER BY k.kind))) AS x (old, new)
+             WHERE x.old IS DISTINCT FROM x.new);
 END
 $$;
 

@@ -16,7 +16,8 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -55,13 +56,6 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
-        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
-    END IF;
     UPDATE public.legacy AS t SET tries = t.tries + 1
      WHERE t.id = $2 AND t.done IS NULL AND t.tries < ($1).max_retries
     RETURNING t.id::pg_catalog.text, t.tries INTO v_id, v_retries;
@@ -93,7 +87,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -122,7 +116,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -176,7 +170,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -245,7 +239,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -323,13 +317,6 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
-    END IF;
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
-        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         SELECT pg_catalog.array_agg(t.id::pg_catalog.text) INTO v_result
           FROM public.legacy AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.id = k.id

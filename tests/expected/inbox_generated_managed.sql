@@ -13,7 +13,8 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -68,13 +69,6 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
-        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
-    END IF;
     UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
      WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
     RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
@@ -104,7 +98,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -131,7 +125,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -181,7 +175,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -218,7 +212,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
             USING ERRCODE = '40001',
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
@@ -319,13 +313,6 @@ BEGIN
                   DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
-    END IF;
-    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
-       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE THEN
-        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
         SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
           FROM mailbox.gen AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.event_id = k.id

@@ -630,6 +630,39 @@ def test_a_mark_in_a_transaction_older_than_disable_ordering_is_refused_not_misa
     assert scalar(db, "SELECT processed_at IS NOT NULL FROM mailbox.x WHERE event_id = 'p2'")
 
 
+def test_a_receive_in_a_transaction_older_than_an_ordering_column_change_is_refused(db, connect):
+    """Enabling ordering again with other columns keeps it on: the column mapping is what
+    the stale functions differ in."""
+    worker = stale_worker(db, connect)
+    worker.rollback()
+    db.execute("ALTER TABLE mailbox.x ADD COLUMN agg2 text, ADD COLUMN seq2 bigint")
+    db.execute("SELECT mailbox.enable_inbox_ordering('x')")
+    receive(worker, "x", "o1", aggregate_id="A", sequence_num=1)  # caches the ordered receive
+    worker.commit()
+    receive(worker, "y", "busy")  # a transaction holding no lock of x
+    db.execute("SELECT mailbox.enable_inbox_ordering('x', 'agg2', 'seq2')")
+    stale_call(worker, lambda: receive(worker, "x", "o2", aggregate_id="B", sequence_num=1))
+    assert receive(worker, "x", "o2", aggregate_id="B", sequence_num=1) is True
+    worker.commit()
+    assert rows(db, "SELECT agg2, seq2 FROM mailbox.x WHERE event_id = 'o2'") == [("B", 1)]
+
+
+def test_a_commit_that_settles_a_claim_is_not_refused_after_a_priority_change(db, connect):
+    """What a claim's commit and a mark run does not depend on priority: no 40001 there."""
+    worker = stale_worker(db, connect)
+    receive(db, "x", "m1")
+    receive(db, "x", "m2")
+    assert claimed(worker, "x") == ["m1", "m2"]  # an open claim of x, settled at commit
+    db.execute("SELECT mailbox.enable_inbox_priority('x')")
+    assert mark(worker, "x", "m1") is True
+    worker.commit()  # settles: m2 stays leased to the worker
+    assert rows(
+        db,
+        "SELECT l.event_id FROM mailbox._inbox_lease l JOIN mailbox._inbox i USING (inbox_key)"
+        " WHERE i.inbox_name = 'x'",
+    ) == [("m2",)]
+
+
 # ========================================================================== 2. wake-ups
 @pytest.fixture
 def two(db):

@@ -252,3 +252,44 @@ def test_restore_an_old_dump_then_update(fresh_dsn, pg_cluster, old, tmp_path):
                     restored, "SELECT extversion FROM pg_extension WHERE extname = 'pg_mailbox'"
                 )
                 check_exercise(exercise(restored))
+
+
+def test_a_restore_by_another_superuser_works_after_maintenance(db, dsn, pg_cluster, tmp_path):
+    """pg_dump's CREATE EXTENSION makes whoever restores the extension owner. A managed
+    inbox's generated functions come back as the old owner's SECURITY INVOKER functions,
+    which refuse to run as anyone else (42501); run_maintenance() regenerates them as that
+    owner's SECURITY DEFINER functions (docs/backup.md)."""
+    db.execute("SELECT mailbox.create_inbox('moved')")
+    db.execute("SELECT mailbox.inbox_receive('moved', 'before', '{}')")
+    restorer = make_role(db)
+    db.execute(f'ALTER ROLE "{restorer}" SUPERUSER LOGIN')
+    try:
+        with _new_database(pg_cluster.dsn()) as target_dsn:
+            as_restorer = psycopg.conninfo.make_conninfo(target_dsn, user=restorer)
+            dump_and_restore(dsn, as_restorer, "custom", tmp_path)
+            with psycopg.connect(as_restorer, autocommit=True) as restored:
+                assert (
+                    scalar(
+                        restored,
+                        "SELECT pg_get_userbyid(extowner) FROM pg_extension"
+                        " WHERE extname = 'pg_mailbox'",
+                    )
+                    == restorer
+                )
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="must run as"):
+                    restored.execute("SELECT mailbox.inbox_receive('moved', 'a', '{}')")
+                restored.execute("SELECT mailbox.run_maintenance()")
+                assert scalar(restored, "SELECT mailbox.inbox_receive('moved', 'a', '{}')")
+                got = restored.execute(
+                    "SELECT event_id FROM mailbox.inbox_claim('moved', 'w', 10)"
+                ).fetchall()
+                assert sorted(r[0] for r in got) == ["a", "before"]
+                # the table's owner (not the extension owner) owns them, so they are definers
+                assert restored.execute(
+                    "SELECT DISTINCT p.prosecdef, pg_get_userbyid(p.proowner) FROM pg_proc p"
+                    " WHERE p.proname ~ '^_inbox_[0-9]+_receive$'"
+                ).fetchall() == [(True, scalar(db, "SELECT current_user"))]
+                restored.execute("DROP EXTENSION pg_mailbox CASCADE")
+    finally:
+        db.execute(f'ALTER ROLE "{restorer}" NOSUPERUSER')
+        drop_role(db, restorer)
