@@ -349,6 +349,16 @@ AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
 $$;
 
+-- The extension's owner: the superuser that created it (or restored it, pg_dump's CREATE
+-- EXTENSION names no owner), whose SECURITY DEFINER functions the API runs as.
+CREATE OR REPLACE FUNCTION mailbox._extension_owner()
+RETURNS oid
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e.extowner FROM pg_catalog.pg_extension AS e WHERE e.extname = 'pg_mailbox';
+$$;
+
 -- The DDL lock without waiting: false while some pg_mailbox DDL runs (maintenance then leaves
 -- what needs it for its next pass).
 CREATE OR REPLACE FUNCTION mailbox._try_ddl_lock()
@@ -6596,8 +6606,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        CASE WHEN v_owner = (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension AS e
-                              WHERE e.extname = 'pg_mailbox')
+        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$
@@ -6896,8 +6905,7 @@ DECLARE
          WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                         WHERE p.pronamespace = 'mailbox'::regnamespace
                           AND p.proname = '_inbox_' || i.inbox_key || '_' || p_kind
-                          AND p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
-                                             WHERE e.extname = 'pg_mailbox'))
+                          AND p.proowner = mailbox._extension_owner())
          ORDER BY i.inbox_key);
 BEGIN
     IF pg_catalog.cardinality(v_keys) = 0 THEN
@@ -6905,6 +6913,16 @@ BEGIN
     END IF;
     RETURN 'SELECT ' || mailbox._inbox_route_case(p_kind, v_params, v_keys);
 END
+$$;
+
+-- The body p_kind's router has now.
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_body(p_kind text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+     WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname = '_inbox_route_' || p_kind;
 $$;
 
 -- Rebuilds the routers whose body is not what the catalog asks for now (callers hold the DDL
@@ -6922,9 +6940,7 @@ DECLARE
 BEGIN
     FOR r IN SELECT * FROM mailbox._inbox_route_kinds() LOOP
         v_sql := mailbox._inbox_route_sql(r.kind, r.nargs);
-        IF v_sql IS DISTINCT FROM (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                                    WHERE p.pronamespace = 'mailbox'::regnamespace
-                                      AND p.proname = '_inbox_route_' || r.kind) THEN
+        IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(r.kind) THEN
             EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox.%I(mailbox._inbox, %s) RETURNS %s'
                                       ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L',
                                       '_inbox_route_' || r.kind, r.args, r.returns, v_sql);
@@ -8239,28 +8255,23 @@ DECLARE
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                         WHERE p.pronamespace = 'mailbox'::regnamespace
                           AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                          AND p.prosecdef = (p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
-                                                            WHERE e.extname = 'pg_mailbox')))
+                          AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
          ORDER BY i.inbox_key);
     v_inbox mailbox._inbox;
-    v_before text[];
+    v_before jsonb;
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
         AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
-                               (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                                 WHERE p.pronamespace = 'mailbox'::regnamespace
-                                   AND p.proname = '_inbox_route_' || k.kind)))
+                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs)
+                               IS DISTINCT FROM mailbox._inbox_route_body(k.kind)))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
     IF pg_catalog.cardinality(v_misfit) = 0 THEN
         RETURN mailbox._inbox_build_routes();
     END IF;
-    v_before := ARRAY(SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
-                        JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
-                                                    AND p.proname = '_inbox_route_' || k.kind
-                       ORDER BY k.kind);
+    v_before := (SELECT pg_catalog.jsonb_object_agg(k.kind, mailbox._inbox_route_body(k.kind))
+                   FROM mailbox._inbox_route_kinds() AS k);
     FOREACH v_inbox IN ARRAY v_misfit LOOP
         BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
             PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
@@ -8270,13 +8281,8 @@ BEGIN
     END LOOP;
     PERFORM mailbox._inbox_build_routes();
     -- the routers whose body changed
-    RETURN (SELECT pg_catalog.count(*)
-              FROM ROWS FROM (pg_catalog.unnest(v_before), pg_catalog.unnest(ARRAY(
-                     SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
-                       JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
-                                                   AND p.proname = '_inbox_route_' || k.kind
-                      ORDER BY k.kind))) AS x (old, new)
-             WHERE x.old IS DISTINCT FROM x.new);
+    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_kinds() AS k
+             WHERE mailbox._inbox_route_body(k.kind) IS DISTINCT FROM v_before ->> k.kind);
 END
 $$;
 

@@ -95,6 +95,16 @@ AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(7168632, 1);
 $$;
 
+-- The extension's owner: the superuser that created it (or restored it, pg_dump's CREATE
+-- EXTENSION names no owner), whose SECURITY DEFINER functions the API runs as.
+CREATE FUNCTION mailbox._extension_owner()
+RETURNS oid
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e.extowner FROM pg_catalog.pg_extension AS e WHERE e.extname = 'pg_mailbox';
+$$;
+
 -- The DDL lock without waiting: false while some pg_mailbox DDL runs (maintenance then leaves
 -- what needs it for its next pass).
 CREATE FUNCTION mailbox._try_ddl_lock()

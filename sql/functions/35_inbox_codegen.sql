@@ -111,8 +111,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        CASE WHEN v_owner = (SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension AS e
-                              WHERE e.extname = 'pg_mailbox')
+        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$

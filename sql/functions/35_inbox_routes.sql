@@ -87,8 +87,7 @@ DECLARE
          WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                         WHERE p.pronamespace = 'mailbox'::regnamespace
                           AND p.proname = '_inbox_' || i.inbox_key || '_' || p_kind
-                          AND p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
-                                             WHERE e.extname = 'pg_mailbox'))
+                          AND p.proowner = mailbox._extension_owner())
          ORDER BY i.inbox_key);
 BEGIN
     IF pg_catalog.cardinality(v_keys) = 0 THEN
@@ -96,6 +95,16 @@ BEGIN
     END IF;
     RETURN 'SELECT ' || mailbox._inbox_route_case(p_kind, v_params, v_keys);
 END
+$$;
+
+-- The body p_kind's router has now.
+CREATE FUNCTION mailbox._inbox_route_body(p_kind text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+     WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname = '_inbox_route_' || p_kind;
 $$;
 
 -- Rebuilds the routers whose body is not what the catalog asks for now (callers hold the DDL
@@ -113,9 +122,7 @@ DECLARE
 BEGIN
     FOR r IN SELECT * FROM mailbox._inbox_route_kinds() LOOP
         v_sql := mailbox._inbox_route_sql(r.kind, r.nargs);
-        IF v_sql IS DISTINCT FROM (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                                    WHERE p.pronamespace = 'mailbox'::regnamespace
-                                      AND p.proname = '_inbox_route_' || r.kind) THEN
+        IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(r.kind) THEN
             EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox.%I(mailbox._inbox, %s) RETURNS %s'
                                       ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L',
                                       '_inbox_route_' || r.kind, r.args, r.returns, v_sql);

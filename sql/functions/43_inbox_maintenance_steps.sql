@@ -36,28 +36,23 @@ DECLARE
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                         WHERE p.pronamespace = 'mailbox'::regnamespace
                           AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                          AND p.prosecdef = (p.proowner = (SELECT e.extowner FROM pg_catalog.pg_extension AS e
-                                                            WHERE e.extname = 'pg_mailbox')))
+                          AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
          ORDER BY i.inbox_key);
     v_inbox mailbox._inbox;
-    v_before text[];
+    v_before jsonb;
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
         AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs) IS DISTINCT FROM
-                               (SELECT p.prosrc FROM pg_catalog.pg_proc AS p
-                                 WHERE p.pronamespace = 'mailbox'::regnamespace
-                                   AND p.proname = '_inbox_route_' || k.kind)))
+                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs)
+                               IS DISTINCT FROM mailbox._inbox_route_body(k.kind)))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
     IF pg_catalog.cardinality(v_misfit) = 0 THEN
         RETURN mailbox._inbox_build_routes();
     END IF;
-    v_before := ARRAY(SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
-                        JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
-                                                    AND p.proname = '_inbox_route_' || k.kind
-                       ORDER BY k.kind);
+    v_before := (SELECT pg_catalog.jsonb_object_agg(k.kind, mailbox._inbox_route_body(k.kind))
+                   FROM mailbox._inbox_route_kinds() AS k);
     FOREACH v_inbox IN ARRAY v_misfit LOOP
         BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
             PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
@@ -67,13 +62,8 @@ BEGIN
     END LOOP;
     PERFORM mailbox._inbox_build_routes();
     -- the routers whose body changed
-    RETURN (SELECT pg_catalog.count(*)
-              FROM ROWS FROM (pg_catalog.unnest(v_before), pg_catalog.unnest(ARRAY(
-                     SELECT p.prosrc FROM mailbox._inbox_route_kinds() AS k
-                       JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'mailbox'::regnamespace
-                                                   AND p.proname = '_inbox_route_' || k.kind
-                      ORDER BY k.kind))) AS x (old, new)
-             WHERE x.old IS DISTINCT FROM x.new);
+    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_kinds() AS k
+             WHERE mailbox._inbox_route_body(k.kind) IS DISTINCT FROM v_before ->> k.kind);
 END
 $$;
 

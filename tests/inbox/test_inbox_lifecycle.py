@@ -58,6 +58,24 @@ def test_claim_argument_errors(jobs):
         claim(db, worker=None)
     with raises("22023"):
         claim(db, worker="")
+    with raises("22023"):
+        claim(db, worker="w" * 201)
+    with raises("22023") as info:
+        claim(db, batch=10001)
+    assert "invalid batch size: 10001" in str(info.value)
+    with raises("22004") as info:
+        claim(db, batch=None)
+    assert "p_batch_size" in str(info.value)
+    with raises("22004") as info:
+        claim(db, visibility=None)
+    assert "p_visibility_seconds" in str(info.value)
+    # several bad arguments: the first one's error (worker, batch size, visibility)
+    with raises("22004") as info:
+        claim(db, worker=None, batch=0, visibility=0)
+    assert "worker must not be null" in str(info.value)
+    with raises("22023") as info:
+        claim(db, batch=0, visibility=0)
+    assert "invalid batch size" in str(info.value)
     with raises("42704"):
         claim(db, inbox="nope")
     with raises("22004"):
