@@ -1,0 +1,78 @@
+-- Server-side loops of inbox claim + mark (docs/benchmarks.md, "Every kind routed ..."):
+-- the time a procedure spends per message, with a COMMIT per transaction as a worker's,
+-- but no client round trips, so per-call server costs stand out. Run by
+-- bench/inbox_server_loops.sh in databases with pg_mailbox installed (one per build).
+--
+--   CALL bench_fill(n)                  n unread messages in inbox 'clm' and in the baseline
+--                                       table public.plain_inbox (same columns and indexes)
+--   CALL bench_claim(iters, batch, per_message)
+--                                       iters x (inbox_claim(batch), inbox_mark_processed per
+--                                       message or once for the batch, COMMIT)
+--   CALL bench_plain(iters, batch, per_message)
+--                                       the same with SELECT ... FOR UPDATE SKIP LOCKED and
+--                                       UPDATE, per message or per batch
+-- Each prints NOTICE '<name>: <us> us/msg'. Both sides fetch whole messages.
+SET client_min_messages = warning;
+SELECT mailbox.create_inbox('clm') WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox WHERE inbox_name = 'clm');
+DROP TABLE IF EXISTS public.plain_inbox;
+CREATE TABLE public.plain_inbox (LIKE mailbox.clm INCLUDING ALL);
+
+CREATE OR REPLACE PROCEDURE bench_fill(n int) LANGUAGE sql AS $$
+    TRUNCATE mailbox.clm;
+    DELETE FROM mailbox._inbox_lease;
+    TRUNCATE public.plain_inbox;
+    INSERT INTO mailbox.clm (event_id, payload, event_type)
+    SELECT 'c-' || g, jsonb_build_object('n', g), 'bench' FROM generate_series(1, n) AS g;
+    INSERT INTO public.plain_inbox (event_id, payload, event_type)
+    SELECT 'c-' || g, jsonb_build_object('n', g), 'bench' FROM generate_series(1, n) AS g;
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_claim(iters int, batch int, per_message boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids text[];
+    x text;
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1 .. iters LOOP
+        SELECT array_agg(c.event_id) INTO ids FROM (SELECT * FROM mailbox.inbox_claim('clm', 'w1', batch)) AS c;
+        IF per_message THEN
+            FOREACH x IN ARRAY ids LOOP
+                PERFORM mailbox.inbox_mark_processed('clm', x);
+            END LOOP;
+        ELSE
+            PERFORM mailbox.inbox_mark_processed('clm', ids);
+        END IF;
+        COMMIT;
+    END LOOP;
+    RAISE NOTICE 'pg_mailbox: % us/msg',
+        round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / (iters * batch))::numeric, 2);
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_plain(iters int, batch int, per_message boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids text[];
+    x text;
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1 .. iters LOOP
+        SELECT array_agg(c.event_id) INTO ids
+          FROM (SELECT event_id, event_type, source, aggregate_id, sequence_num, priority, payload, headers,
+                       trace_id, retry_count, received_at
+                  FROM public.plain_inbox WHERE processed_at IS NULL
+                 ORDER BY received_at LIMIT batch FOR UPDATE SKIP LOCKED) AS c;
+        IF per_message THEN
+            FOREACH x IN ARRAY ids LOOP
+                UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY (ARRAY[x]);
+            END LOOP;
+        ELSE
+            UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY (ids);
+        END IF;
+        COMMIT;
+    END LOOP;
+    RAISE NOTICE 'baseline: % us/msg',
+        round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / (iters * batch))::numeric, 2);
+END
+$$;
