@@ -43,8 +43,7 @@ BEGIN
     -- table name still names its table, which the generated functions name; whether a worker
     -- waits for a wake-up (_inbox_has_waiter)
     SELECT i AS inbox,
-           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
-                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
              IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
@@ -138,8 +137,7 @@ BEGIN
     -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
     -- has a lease row at all; whether this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
-           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
-                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
              IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
@@ -254,12 +252,15 @@ DECLARE
 BEGIN
     -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
     -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name
+    -- table name still names its table, which the generated functions name; whether the
+    -- message has a lease row (a claim of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
-           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
-                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved
+             IS DISTINCT FROM i.table_rel AS moved,
+           i.casts ? 'event_id' -- (a uuid or integer id: its lease has the canonical text)
+             OR EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
+                         WHERE l.inbox_key = i.inbox_key AND l.event_id = p_event_id) AS leased
       INTO v_found
       FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
@@ -279,7 +280,12 @@ BEGIN
     IF v_done.event_id IS NULL THEN
         RETURN FALSE;
     END IF;
-    DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
+    -- its lease ends with it. A lease written after the lookup (the commit of another
+    -- worker's claim this mark waited for) stays until it expires: it holds nothing, as a
+    -- processed message is never claimed, counted in flight, or replayed with its lease
+    IF v_found.leased THEN
+        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
+    END IF;
     -- the highest processed sequence: a replayed older message does not move it back, and a
     -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
     -- first (an existing aggregate only ever moves up to what was processed)
@@ -315,8 +321,7 @@ BEGIN
     -- grants of its own (without, it is open to the role-level grants); whether its stored
     -- table name still names its table, which the generated functions name
     SELECT i AS inbox,
-           EXISTS (SELECT 1 FROM mailbox._object_grant AS x
-                    WHERE x.object_kind = 'inbox' AND x.object_key = i.inbox_key) AS granted,
+           i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
              IS DISTINCT FROM i.table_rel AS moved
       INTO v_found

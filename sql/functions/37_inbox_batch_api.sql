@@ -15,8 +15,7 @@ BEGIN
     IF NOT FOUND THEN
         v_inbox := mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
     END IF;
-    IF EXISTS (SELECT 1 FROM mailbox._object_grant AS x WHERE x.object_kind = 'inbox'
-                                                          AND x.object_key = v_inbox.inbox_key) THEN
+    IF v_inbox.has_grants THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, p_privilege);
     END IF;
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))

@@ -84,6 +84,12 @@ BEGIN
         v_key := mailbox._outbox_key(p_name);
     ELSE
         v_key := (mailbox._inbox_get(p_name)).inbox_key;
+        -- the inbox's has_grants flag says whether it has grants (the data plane checks
+        -- grants only then). Its row is locked first, so the grant changes of one inbox run
+        -- one after another and the recount below, a later statement, sees every change
+        -- committed before it (under REPEATABLE READ a concurrent change fails this lock
+        -- with 40001 instead). A stale TRUE would only cost a probe; FALSE never is stale.
+        PERFORM FROM mailbox._inbox AS i WHERE i.inbox_key = v_key FOR NO KEY UPDATE;
     END IF;
     IF p_grant THEN
         INSERT INTO mailbox._object_grant (object_kind, object_key, grantee, privilege)
@@ -92,6 +98,12 @@ BEGIN
     ELSE
         DELETE FROM mailbox._object_grant AS g
          WHERE g.object_kind = p_kind AND g.object_key = v_key AND g.grantee = p_role AND g.privilege = p_privilege;
+    END IF;
+    IF p_kind = 'inbox' THEN
+        UPDATE mailbox._inbox AS i
+           SET has_grants = EXISTS (SELECT 1 FROM mailbox._object_grant AS g
+                                     WHERE g.object_kind = 'inbox' AND g.object_key = v_key)
+         WHERE i.inbox_key = v_key;
     END IF;
 END
 $$;

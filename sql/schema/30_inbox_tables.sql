@@ -24,7 +24,10 @@ CREATE TABLE mailbox._inbox (
     ordering_first_sequence bigint,
     -- priority: NULL when off, else the validated tiers [{"name", "min", "max"}, ...]
     priority_tiers jsonb,
-    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- whether mailbox._object_grant has a row for this inbox (part 39 keeps it, under this
+    -- row's lock): the data plane's lookup reads it instead of probing the grant table
+    has_grants boolean NOT NULL DEFAULT FALSE
 );
 COMMENT ON TABLE mailbox._inbox IS 'pg_mailbox catalog: one row per inbox and its column mapping';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox', '');

@@ -10,6 +10,13 @@
 
 -- New tables (sql/schema/, with their comments and config_dump calls).
 
+-- Issue 11: whether an inbox has per-object grants, kept by _set_grant (part 39), read by the
+-- data plane's lookup instead of a probe of _object_grant.
+ALTER TABLE mailbox._inbox ADD COLUMN has_grants boolean NOT NULL DEFAULT FALSE;
+UPDATE mailbox._inbox AS i
+   SET has_grants = TRUE
+ WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
+
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array
 -- of its aggregates and its count changes, written by the inbox table's triggers in the

@@ -124,8 +124,7 @@ BEGIN
     END IF;
         WITH d AS (
             UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp()
-              FROM pg_catalog.unnest($2) AS k (id)
-             WHERE t.id = k.id AND t.done IS NULL
+             WHERE t.id = ANY ($2) AND t.done IS NULL
             RETURNING ROW(t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8)::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
@@ -319,8 +318,8 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
         SELECT pg_catalog.array_agg(t.id::pg_catalog.text) INTO v_result
-          FROM public.legacy AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.id = k.id
-         WHERE t.done IS NULL AND t.tries < ($1).max_retries;
+          FROM public.legacy AS t
+         WHERE t.id = ANY ($2) AND t.done IS NULL AND t.tries < ($1).max_retries;
     RETURN v_result;
 END$function$
 

@@ -133,8 +133,7 @@ BEGIN
     END IF;
         WITH d AS (
             UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-              FROM pg_catalog.unnest($2) AS k (id)
-             WHERE t.event_id = k.id AND t.processed_at IS NULL
+             WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL
             RETURNING ROW(t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8))::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
@@ -315,8 +314,8 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
         SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
-          FROM mailbox.gen AS t JOIN pg_catalog.unnest($2) AS k (id) ON t.event_id = k.id
-         WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
+          FROM mailbox.gen AS t
+         WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
     RETURN v_result;
 END$function$
 

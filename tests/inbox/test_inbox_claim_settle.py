@@ -263,3 +263,43 @@ def test_workers_mixing_both_lease_paths_claim_every_message_once(q, connect):
     assert not errors, errors
     assert sorted(seen) == sorted(f"e{g}" for g in range(1, 301))
     assert leases(q) == []
+
+
+def test_a_mark_that_waited_for_another_claimers_commit_leaves_a_lease_that_holds_nothing(
+    q, connect
+):
+    """inbox_mark_processed deletes a lease only when its lookup saw one. A mark that waits
+    for another worker's claim to commit (that worker's open claim becomes a lease at
+    commit, after the mark's lookup) leaves that lease behind: it must hold nothing, as a
+    processed message is never claimed nor counted in flight, and a replay clears it."""
+    receive(q, "q", "m0")
+    holder = connect(autocommit=False)
+    assert claim(holder, "q", "holder") == ["m0"]
+    marker = connect()
+    done = {}
+    t = threading.Thread(
+        target=lambda: done.update(
+            v=scalar(marker, "SELECT mailbox.inbox_mark_processed('q', 'm0')")
+        )
+    )
+    t.start()
+    deadline = time.monotonic() + 10
+    while (
+        scalar(
+            q,
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+            [marker.info.backend_pid],
+        )
+        != "Lock"
+    ):
+        assert time.monotonic() < deadline, "the mark never waited for the claimer"
+        time.sleep(0.02)
+    holder.commit()  # settles the claim: m0 is still pending, so it gets a lease
+    t.join(10)
+    assert done == {"v": True}
+    assert leases(q) == [("m0", "holder", True, False)]  # left behind, expires by itself
+    assert scalar(q, "SELECT mailbox.inbox_health('q') -> 'in_flight_count'") == 0
+    assert claim(connect(), "q", "other") == []
+    assert scalar(q, "SELECT mailbox.replay_inbox_messages('q', ARRAY['m0'])") == 1
+    assert leases(q) == []
+    assert claim(connect(), "q", "other") == ["m0"]

@@ -1,8 +1,11 @@
 """Per-object grants: grant_outbox / revoke_outbox / grant_inbox / revoke_inbox and the
 object_grants view (the checks in each data-plane function have their own tests)."""
 
+import threading
+
 import psycopg
 import pytest
+from groups import wait_blocked
 from mbx import drop_role, make_role, raises, rows, scalar
 
 
@@ -41,6 +44,65 @@ def test_grant_and_revoke_inbox(db, role):
     ]
     db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'process')", [role])
     assert scalar(db, "SELECT count(*) FROM mailbox.object_grants") == 0
+
+
+def has_grants(db, inbox):
+    return scalar(db, "SELECT has_grants FROM mailbox._inbox WHERE inbox_name = %s", [inbox])
+
+
+def test_the_inbox_has_grants_flag_follows_its_grants(db, role):
+    """The data plane checks an inbox's grants only when its catalog row says it has some."""
+    db.execute("SELECT mailbox.create_inbox('orders_in')")
+    assert has_grants(db, "orders_in") is False
+    db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'receive')", [role])
+    assert has_grants(db, "orders_in") is True
+    db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'process')", [role])
+    db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'receive')", [role])
+    assert has_grants(db, "orders_in") is True  # process is still granted
+    db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'receive')", [role])  # no-op
+    assert has_grants(db, "orders_in") is True
+    db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'process')", [role])
+    assert has_grants(db, "orders_in") is False
+    # a refused grant changes nothing
+    with raises("22023"):
+        db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'publish')", [role])
+    assert has_grants(db, "orders_in") is False
+
+
+def test_a_revoke_racing_a_grant_keeps_the_inbox_closed(db, connect, role):
+    """A revoke of the last grant that runs while another grant of the inbox is uncommitted
+    must not leave the flag FALSE once that grant commits (the inbox would then be open to
+    every consumer although it has a grant): grant changes of one inbox take its catalog
+    row's lock first, so the revoke's recount sees the grant."""
+    other = make_role(db, "mailbox_consumer")
+    try:
+        db.execute("SELECT mailbox.create_inbox('orders_in')")
+        db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'receive')", [role])
+        granting = connect(autocommit=False)
+        granting.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'process')", [role])
+        revoking = connect()
+        errors = []
+
+        def revoke():
+            try:
+                revoking.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'receive')", [role])
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=revoke)
+        t.start()
+        wait_blocked(db, revoking)
+        granting.commit()
+        t.join(10)
+        assert not t.is_alive() and not errors, errors
+        assert rows(db, "SELECT privilege FROM mailbox.object_grants") == [("process",)]
+        assert has_grants(db, "orders_in") is True
+        conn = connect()
+        conn.execute(f'SET ROLE "{other}"')
+        with raises("42501"):
+            conn.execute("SELECT * FROM mailbox.inbox_claim('orders_in', 'w1')")
+    finally:
+        drop_role(db, other)
 
 
 @pytest.mark.parametrize(
