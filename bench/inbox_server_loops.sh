@@ -4,13 +4,14 @@
 # installed side by side), alternating which database goes first. Before each run the tables
 # are refilled, VACUUM ANALYZEd and CHECKPOINTed.
 #
-# usage: bench/inbox_server_loops.sh ITERS BATCH per_message|batch ROUNDS DB [DB ...]
+# usage: bench/inbox_server_loops.sh ITERS BATCH per_message|batch|receive ROUNDS DB [DB ...]
 #   e.g. bench/inbox_server_loops.sh 1000 10 per_message 7 profold prof
+#   (receive: ITERS single-message receives, each committed; BATCH is ignored)
 # env: PGHOST (127.0.0.1), PGUSER (postgres); BASELINE=1 runs the plain-SQL baseline
-#   (bench_plain) instead of pg_mailbox's calls (bench_claim).
+#   (bench_plain, or bench_receive with plain INSERTs) instead of pg_mailbox's calls.
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,9p' >&2
+    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,11p' >&2
     exit 2
 fi
 iters=$1 batch=$2 mode=$3 rounds=$4
@@ -33,8 +34,11 @@ for round in $(seq 1 "$rounds"); do
     for db in "${order[@]}"; do
         psql -X -q -d "$db" -c "CALL bench_fill($((iters * batch)))" -c "VACUUM ANALYZE mailbox.clm" \
             -c "VACUUM ANALYZE public.plain_inbox" -c "VACUUM mailbox._inbox_open_claim" -c "CHECKPOINT"
-        took=$(psql -X -q -d "$db" -c "SET synchronous_commit = off" \
-            -c "CALL $proc($iters, $batch, $per_message)" 2>&1 | grep -o '[0-9.]* us/msg')
+        call="CALL $proc($iters, $batch, $per_message)"
+        if [ "$mode" = receive ]; then
+            call="CALL bench_receive($iters, $([ "${BASELINE:-0}" = 1 ] && echo true || echo false))"
+        fi
+        took=$(psql -X -q -d "$db" -c "SET synchronous_commit = off" -c "$call" 2>&1 | grep -o '[0-9.]* us/msg')
         line="$line  $db $took"
     done
     echo "$line"

@@ -11,9 +11,13 @@
 --   CALL bench_plain(iters, batch, per_message)
 --                                       the same with SELECT ... FOR UPDATE SKIP LOCKED and
 --                                       UPDATE, per message or per batch
+--   CALL bench_receive(n, plain)        n x (inbox_receive into inbox 'rcv', or with plain
+--                                       INSERT ... ON CONFLICT DO NOTHING into
+--                                       public.plain_inbox, COMMIT): new ids, emptied first
 -- Each prints NOTICE '<name>: <us> us/msg'. Both sides fetch whole messages.
 SET client_min_messages = warning;
 SELECT mailbox.create_inbox('clm') WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox WHERE inbox_name = 'clm');
+SELECT mailbox.create_inbox('rcv') WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox WHERE inbox_name = 'rcv');
 DROP TABLE IF EXISTS public.plain_inbox;
 CREATE TABLE public.plain_inbox (LIKE mailbox.clm INCLUDING ALL);
 
@@ -74,5 +78,31 @@ BEGIN
     END LOOP;
     RAISE NOTICE 'baseline: % us/msg',
         round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / (iters * batch))::numeric, 2);
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_receive(n int, plain boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+BEGIN
+    TRUNCATE mailbox.rcv;
+    TRUNCATE public.plain_inbox;
+    COMMIT;
+    t0 := clock_timestamp();
+    IF plain THEN
+        FOR i IN 1 .. n LOOP
+            INSERT INTO public.plain_inbox (event_id, payload, event_type)
+            VALUES ('r-' || i, '{"n": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;
+            COMMIT;
+        END LOOP;
+    ELSE
+        FOR i IN 1 .. n LOOP
+            PERFORM mailbox.inbox_receive('rcv', 'r-' || i, '{"n": 1}', 'bench');
+            COMMIT;
+        END LOOP;
+    END IF;
+    RAISE NOTICE '%: % us/msg', CASE WHEN plain THEN 'baseline' ELSE 'pg_mailbox' END,
+        round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / n)::numeric, 2);
 END
 $$;

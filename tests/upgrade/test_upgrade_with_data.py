@@ -245,3 +245,32 @@ def test_update_with_consumers_in_flight(fresh_dsn, pg_cluster, old):
             conn.close()
         drop_role(db, owner)
         db.close()
+
+
+@pytest.mark.parametrize("old", upgrade_sources())
+def test_an_inbox_granted_before_the_update_stays_closed(fresh_dsn, old):
+    """The update fills mailbox._inbox.has_grants from the grants the old version kept, so
+    the data plane, which checks grants only when that flag is set, keeps refusing others."""
+    with psycopg.connect(fresh_dsn, autocommit=True) as db:
+        db.execute(
+            sql.SQL("CREATE EXTENSION pg_mailbox VERSION {} CASCADE").format(sql.Literal(old))
+        )
+        granted = make_role(db, "mailbox_consumer")
+        other = make_role(db, "mailbox_consumer")
+        try:
+            db.execute("SELECT mailbox.create_inbox('closed_in')")
+            db.execute("SELECT mailbox.create_inbox('open_in')")
+            db.execute("SELECT mailbox.grant_inbox('closed_in', %s, 'process')", [granted])
+            db.execute("ALTER EXTENSION pg_mailbox UPDATE")
+            assert db.execute(
+                "SELECT inbox_name, has_grants FROM mailbox._inbox ORDER BY 1"
+            ).fetchall() == [("closed_in", True), ("open_in", False)]
+            db.execute(f'SET ROLE "{other}"')
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.execute("SELECT * FROM mailbox.inbox_claim('closed_in', 'w')")
+            assert db.execute("SELECT * FROM mailbox.inbox_claim('open_in', 'w')").fetchall() == []
+            db.execute("RESET ROLE")
+        finally:
+            db.execute("RESET ROLE")
+            drop_role(db, granted)
+            drop_role(db, other)
