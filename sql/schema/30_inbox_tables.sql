@@ -71,7 +71,7 @@ COMMENT ON TABLE mailbox._inbox_open_claim IS
 -- Every claim asks whether its transaction has an open claim of the inbox, and batch marks,
 -- failure reports and replays look up the open claims of an inbox: by this index, not by a
 -- scan of a heap that one insert and one delete per claim fill with dead rows between
--- vacuums (80 us a claim at 1,900 dead rows; docs/benchmarks.md).
+-- vacuums (80 us of a claim at 5,300 dead rows; docs/benchmarks.md).
 CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim', '');
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_open_claim_claim_no_seq', '');

@@ -13,11 +13,11 @@
 -- Issue 11: whether an inbox has per-object grants, kept by _set_grant (part 39), read by the
 -- data plane's lookup instead of a probe of _object_grant.
 ALTER TABLE mailbox._inbox ADD COLUMN has_grants boolean NOT NULL DEFAULT FALSE;
--- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
-CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
 UPDATE mailbox._inbox AS i
    SET has_grants = TRUE
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
+-- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
+CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
 
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array
