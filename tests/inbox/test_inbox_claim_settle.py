@@ -12,6 +12,7 @@ import time
 
 import psycopg
 import pytest
+from groups import wait_blocked
 from mbx import rows, scalar
 
 
@@ -283,17 +284,7 @@ def test_a_mark_that_waited_for_another_claimers_commit_leaves_a_lease_that_hold
         )
     )
     t.start()
-    deadline = time.monotonic() + 10
-    while (
-        scalar(
-            q,
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-            [marker.info.backend_pid],
-        )
-        != "Lock"
-    ):
-        assert time.monotonic() < deadline, "the mark never waited for the claimer"
-        time.sleep(0.02)
+    wait_blocked(q, marker)  # the mark waits for the claimer's row lock
     holder.commit()  # settles the claim: m0 is still pending, so it gets a lease
     t.join(10)
     assert done == {"v": True}

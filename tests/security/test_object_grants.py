@@ -105,6 +105,23 @@ def test_a_revoke_racing_a_grant_keeps_the_inbox_closed(db, connect, role):
         drop_role(db, other)
 
 
+def test_a_grant_change_under_repeatable_read_after_a_concurrent_one_fails_with_40001(
+    db, connect, role
+):
+    """Under REPEATABLE READ the recount would read an old snapshot, so a grant change of an
+    inbox whose grants changed since that snapshot is refused (retry the transaction)."""
+    db.execute("SELECT mailbox.create_inbox('orders_in')")
+    late = connect(autocommit=False)
+    late.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    late.execute("SELECT 1")  # takes the snapshot
+    db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'receive')", [role])
+    with raises("40001"):
+        late.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'receive')", [role])
+    late.rollback()
+    assert has_grants(db, "orders_in") is True
+    assert rows(db, "SELECT privilege FROM mailbox.object_grants") == [("receive",)]
+
+
 @pytest.mark.parametrize(
     ("call", "sqlstate"),
     [
