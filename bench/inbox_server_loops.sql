@@ -14,6 +14,12 @@
 --   CALL bench_receive(n, plain)        n x (inbox_receive into inbox 'rcv', or with plain
 --                                       INSERT ... ON CONFLICT DO NOTHING into
 --                                       public.plain_inbox, COMMIT): new ids, emptied first
+--   CALL bench_ordered_fill(n, aggs)    n unread messages in ordered inbox 'ordc' (made
+--                                       again), over aggs aggregates, sequences 1, 2, ...,
+--                                       received through inbox_receive_batch
+--   CALL bench_ordered(iters, batch)    iters x (inbox_claim('ordc', batch),
+--                                       inbox_mark_processed(text[]), COMMIT); per message
+--                                       claimed (a claim takes at most one per aggregate)
 -- Each prints NOTICE '<name>: <us> us/msg'. Both sides fetch whole messages.
 SET client_min_messages = warning;
 SELECT mailbox.create_inbox('clm') WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox WHERE inbox_name = 'clm');
@@ -104,5 +110,40 @@ BEGIN
     END IF;
     RAISE NOTICE '%: % us/msg', CASE WHEN plain THEN 'baseline' ELSE 'pg_mailbox' END,
         round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / n)::numeric, 2);
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_ordered_fill(n int, aggs int)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM mailbox.drop_inbox('ordc', true, true)
+      FROM mailbox._inbox WHERE inbox_name = 'ordc';
+    PERFORM mailbox.create_inbox('ordc');
+    PERFORM mailbox.enable_inbox_ordering('ordc');
+    FOR b IN 0 .. (n - 1) / 1000 LOOP
+        PERFORM mailbox.inbox_receive_batch('ordc', (
+            SELECT jsonb_agg(jsonb_build_object('p_event_id', 'o-' || g, 'p_payload', '{"n": 1}'::jsonb,
+                                                'p_aggregate_id', 'a-' || (g % aggs),
+                                                'p_sequence_num', g / aggs + 1))
+              FROM generate_series(b * 1000, least(n - 1, b * 1000 + 999)) AS g));
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_ordered(iters int, batch int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids text[];
+    got bigint := 0;
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1 .. iters LOOP
+        SELECT array_agg(c.event_id) INTO ids FROM (SELECT * FROM mailbox.inbox_claim('ordc', 'w1', batch)) AS c;
+        got := got + coalesce(cardinality(ids), 0);
+        PERFORM mailbox.inbox_mark_processed('ordc', ids);
+        COMMIT;
+    END LOOP;
+    RAISE NOTICE 'pg_mailbox ordered: % us/msg (% claimed)',
+        round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / greatest(got, 1))::numeric, 2), got;
 END
 $$;
