@@ -2,8 +2,8 @@
 
 A smoke run with tiny sizes (the numbers mean nothing) in the test's database: the claim
 loops per message and per batch with their plain-SQL baselines, the committed receives, and
-the ordered claims, which must claim every message of the loaded backlog (one per aggregate
-per claim) and leave the ordered inbox empty.
+the ordered claims, which must take one message per aggregate per claim and leave no
+aggregate's lower sequence unprocessed behind a processed higher one.
 """
 
 from __future__ import annotations
