@@ -11,8 +11,12 @@ apart on the same machine:
 - claim + mark, one transaction per batch, at 1/2/4 workers: inbox_claim(batch 100) + one
   inbox_mark_processed(text[]) versus SELECT ... FOR UPDATE SKIP LOCKED LIMIT 100 + one
   UPDATE per batch; inbox_claim(batch 10) + inbox_mark_processed() per message versus
-  SKIP LOCKED LIMIT 10 + one UPDATE per message (the same round trips); both sides fetch
+  SKIP LOCKED LIMIT 10 + one UPDATE ... WHERE event_id = <the id> per message (the same
+  round trips; each side passes one id, not an array); both sides fetch
   the same eleven message columns (inbox_claim's lease_until is not fetched);
+- the ceiling of a function API: the single receive and the per-message mark of a claim of
+  10 (1 worker) through a SECURITY DEFINER PL/pgSQL function with a pinned search_path that
+  runs only the baseline's statement, against that statement: what no function can pass;
 - throughput cases run --rounds times, ours and the baseline interleaved;
 - the same two receive cases on an ordered inbox (200 aggregates), against a plain table
   with the same ordering index: what ordering and its gap bookkeeping add to receiving;
@@ -58,6 +62,14 @@ CREATE INDEX plain_pending_idx ON public.plain_inbox (received_at) WHERE process
 CREATE INDEX plain_processed_idx ON public.plain_inbox (processed_at)
     WHERE processed_at IS NOT NULL
 """
+
+
+# The baseline's per-call statements (the receive, and the per-message mark of a claim of 10).
+PLAIN_RECEIVE = (
+    "INSERT INTO public.plain_inbox (event_id, payload, event_type)"
+    " VALUES (%s, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING"
+)
+PLAIN_MARK = "UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = %s"
 
 
 def connect(dsn, autocommit=True):
@@ -168,16 +180,7 @@ def bench_receive(dsn, n, repeat):
     def plain_calls():
         fresh("public.plain_inbox")
         with db.cursor() as cur:
-            took = timed(
-                lambda: [
-                    cur.execute(
-                        "INSERT INTO public.plain_inbox (event_id, payload, event_type)"
-                        " VALUES (%s, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING",
-                        [i],
-                    )
-                    for i in ids
-                ]
-            )
+            took = timed(lambda: [cur.execute(PLAIN_RECEIVE, [i]) for i in ids])
         check("public.plain_inbox")
         return n / took
 
@@ -384,9 +387,10 @@ def mailbox_worker(dsn, inbox, batch, per_message):
     return work
 
 
-def plain_worker(dsn, batch, per_message):
+def plain_worker(dsn, batch, per_message, mark=PLAIN_MARK):
     """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
-    makes the same number of round trips as claim + one mark call per message."""
+    makes the same number of round trips as claim + one mark call per message (`mark`, the
+    per-message statement, takes the id)."""
 
     def work(_):
         with connect(dsn, autocommit=False) as conn:
@@ -400,11 +404,17 @@ def plain_worker(dsn, batch, per_message):
                     conn.commit()
                     return
                 ids = [r[0] for r in got]
-                for part in [[i] for i in ids] if per_message else [ids]:
+                if per_message:
+                    # one id, as a hand-written worker marks one message (and as
+                    # inbox_mark_processed takes it): a one-element array costs the client
+                    # an array adaptation per call, about a fifth of this loop's rate
+                    for i in ids:
+                        conn.execute(mark, [i])
+                else:
                     conn.execute(
                         "UPDATE public.plain_inbox SET processed_at = now()"
                         " WHERE event_id = ANY(%s)",
-                        [part],
+                        [ids],
                     )
                 conn.commit()
 
@@ -457,6 +467,83 @@ def bench_claim(dsn, n, repeat):
         )
     results = rounds(cases, repeat)
     db.execute("SELECT mailbox.drop_inbox('clm', false, true)")
+    db.execute("DROP TABLE public.plain_inbox")
+    db.close()
+    return results
+
+
+# ---------------------------------------------------------------- ceiling of a function API
+# What any SQL-callable API pays for being a function: a SECURITY DEFINER PL/pgSQL function
+# with a pinned search_path (what the security rules require of pg_mailbox's) that runs only
+# the baseline's own statement on the baseline's table, against that statement. No lookup,
+# check or dispatch: a bound no design of inbox_receive or inbox_mark_processed can pass.
+CEILING_FUNCTIONS = """
+CREATE FUNCTION public.ceiling_receive(p_event_id text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO public.plain_inbox (event_id, payload, event_type)
+    VALUES (p_event_id, '{"n": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+CREATE FUNCTION public.ceiling_mark(p_event_id text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = p_event_id;
+    RETURN FOUND;
+END
+$$;
+"""
+
+
+def bench_ceiling(dsn, n, repeat):
+    ids = message_ids(n)
+    db = connect(dsn)
+    db.execute("DROP TABLE IF EXISTS public.plain_inbox")
+    db.execute(PLAIN_TABLE)
+    db.execute(CEILING_FUNCTIONS)
+
+    def receives(sql):
+        def run():
+            db.execute("TRUNCATE public.plain_inbox")
+            db.execute("VACUUM ANALYZE public.plain_inbox")
+            with db.cursor() as cur:
+                took = timed(lambda: [cur.execute(sql, [i]) for i in ids])
+            return n / took
+
+        return run
+
+    def marks(sql):
+        def run():
+            db.execute("TRUNCATE public.plain_inbox")
+            fill(db, "public.plain_inbox", n)
+            took = run_threads(1, plain_worker(dsn, 10, True, sql))
+            left = db.execute(
+                "SELECT count(*) FROM public.plain_inbox WHERE processed_at IS NULL"
+            ).fetchone()[0]
+            assert left == 0, left
+            return n / took
+
+        return run
+
+    results = rounds(
+        [
+            (
+                "receive, 1 call/msg, 20% dup",
+                receives("SELECT public.ceiling_receive(%s)"),
+                receives(PLAIN_RECEIVE),
+            ),
+            (
+                "claim 10 + mark per msg, 1 worker(s)",
+                marks("SELECT public.ceiling_mark(%s)"),
+                marks(PLAIN_MARK),
+            ),
+        ],
+        repeat,
+    )
+    db.execute("DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text)")
     db.execute("DROP TABLE public.plain_inbox")
     db.close()
     return results
@@ -685,10 +772,11 @@ def main():
     name, dsn = scratch_database(args.dsn)
     started = time.perf_counter()
     try:
-        throughput, latency, backlog_rate = [], [], None
+        throughput, ceiling, latency, backlog_rate = [], [], [], None
         if args.only != "latency":
             throughput = bench_receive(dsn, args.messages, args.rounds)
             throughput += bench_claim(dsn, args.messages, args.rounds)
+            ceiling = bench_ceiling(dsn, args.messages, args.rounds)
         if args.only != "throughput":
             latency, backlog_rate = bench_ordering(dsn, args.big, args.aggregates, args.repeat)
     finally:
@@ -701,9 +789,17 @@ def main():
         print(
             "INSERT ... SELECT FROM unnest; SELECT ... FOR UPDATE SKIP LOCKED LIMIT <batch> + one"
         )
-        print("UPDATE per batch (batch mark) or one UPDATE per message (mark per msg)")
+        print("UPDATE per batch (batch mark) or one UPDATE ... WHERE event_id = <id> per message")
         print(f"{'case':<40} {'pg_mailbox':>10} {'baseline':>10} {'ratio':>6}")
         for case, ours, base, ratio in throughput:
+            print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
+    if ceiling:
+        print("\nceiling of a function API (interleaved rounds of its own): a SECURITY DEFINER")
+        print("PL/pgSQL function with a pinned search_path running only the baseline's statement,")
+        print("against that statement; no lookup, check or dispatch, so neither inbox_receive nor")
+        print("inbox_mark_processed can pass it")
+        print(f"{'case':<40} {'wrapper':>10} {'baseline':>10} {'ratio':>6}")
+        for case, ours, base, ratio in ceiling:
             print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
     if latency:
         print(f"\nlatency at scale (median of {args.repeat}; ms, lower is better; baseline: for")

@@ -75,7 +75,7 @@ BEGIN
                  ORDER BY received_at LIMIT batch FOR UPDATE SKIP LOCKED) AS c;
         IF per_message THEN
             FOREACH x IN ARRAY ids LOOP
-                UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY (ARRAY[x]);
+                UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = x;
             END LOOP;
         ELSE
             UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY (ids);

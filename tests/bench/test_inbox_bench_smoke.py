@@ -1,7 +1,8 @@
 """bench/inbox_bench.py --quick runs end to end and prints its report.
 
 A smoke run with tiny sizes (the numbers mean nothing): every section must run against a real
-server and print its rows, including the gaps and health section, whose backlog is received
+server and print its rows, including the ceiling of a function API (a SECURITY DEFINER
+wrapper of each per-call baseline), the gaps and health section, whose backlog is received
 through inbox_receive_batch, and the verdict on the issue 11 target.
 """
 
@@ -34,6 +35,15 @@ def test_inbox_bench_quick_prints_the_report(dsn: str) -> None:
     ):
         row = re.search(rf"^{re.escape(case)}.*\s([\d.]+)$", out, re.MULTILINE)
         assert row and float(row.group(1)) > 0, f"no throughput row {case}:\n{out}"
+    # the ceiling of a function API: a SECURITY DEFINER wrapper of each per-call baseline
+    ceiling = out.split("ceiling of a function API", 1)[1]
+    for case in ("receive, 1 call/msg, 20% dup", "claim 10 + mark per msg, 1 worker(s)"):
+        row = re.search(
+            rf"^{re.escape(case)}\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)$", ceiling, re.MULTILINE
+        )
+        assert row and all(float(g.replace(",", "")) > 0 for g in row.groups()), (
+            f"no ceiling row {case}:\n{out}"
+        )
     assert re.search(r"backlog received with inbox_receive_batch 1000/call: [\d,]+ msgs/s", out)
     for case in (
         "inbox_ordering_gaps, 20,000 pending: first call after the load",
