@@ -8,12 +8,13 @@
 #   e.g. bench/inbox_server_loops.sh 1000 10 per_message 7 profold prof
 #   (receive: ITERS single-message receives, each committed; BATCH is ignored;
 #    ordered: ITERS claims of BATCH + a batch mark on an ordered inbox holding ITERS x BATCH
-#    messages over AGGS aggregates, env, default 1000; no baseline)
+#    messages over AGGS aggregates, env, default 1000, received in turn or, with env
+#    BURSTS=1, each aggregate's messages together; no baseline)
 # env: PGHOST (127.0.0.1), PGUSER (postgres); BASELINE=1 runs the plain-SQL baseline
 #   (bench_plain, or bench_receive with plain INSERTs) instead of pg_mailbox's calls.
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,13p' >&2
+    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,15p' >&2
     exit 2
 fi
 iters=$1 batch=$2 mode=$3 rounds=$4
@@ -38,7 +39,7 @@ for round in $(seq 1 "$rounds"); do
             -c "VACUUM ANALYZE public.plain_inbox" -c "VACUUM mailbox._inbox_open_claim" -c "CHECKPOINT"
         call="CALL $proc($iters, $batch, $per_message)"
         if [ "$mode" = ordered ]; then
-            psql -X -q -d "$db" -c "CALL bench_ordered_fill($((iters * batch)), ${AGGS:-1000})" \
+            psql -X -q -d "$db" -c "CALL bench_ordered_fill($((iters * batch)), ${AGGS:-1000}, ${BURSTS:-0} = 1)" \
                 -c "VACUUM ANALYZE mailbox.ordc" -c "CHECKPOINT"
             call="CALL bench_ordered($iters, $batch)"
         fi

@@ -14,9 +14,12 @@
 --   CALL bench_receive(n, plain)        n x (inbox_receive into inbox 'rcv', or with plain
 --                                       INSERT ... ON CONFLICT DO NOTHING into
 --                                       public.plain_inbox, COMMIT): new ids, emptied first
---   CALL bench_ordered_fill(n, aggs)    n unread messages in ordered inbox 'ordc' (made
+--   CALL bench_ordered_fill(n, aggs [, bursts])
+--                                       n unread messages in ordered inbox 'ordc' (made
 --                                       again), over aggs aggregates, sequences 1, 2, ...,
---                                       received through inbox_receive_batch
+--                                       received through inbox_receive_batch: the
+--                                       aggregates in turn (message g: aggregate g % aggs),
+--                                       or with bursts each aggregate's messages together
 --   CALL bench_ordered(iters, batch)    iters x (inbox_claim('ordc', batch),
 --                                       inbox_mark_processed(text[]), COMMIT); per message
 --                                       claimed (a claim takes at most one per aggregate)
@@ -113,8 +116,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE PROCEDURE bench_ordered_fill(n int, aggs int)
+DROP PROCEDURE IF EXISTS bench_ordered_fill(int, int);
+CREATE OR REPLACE PROCEDURE bench_ordered_fill(n int, aggs int, bursts boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
+DECLARE
+    per int := greatest(n / aggs, 1);
 BEGIN
     PERFORM mailbox.drop_inbox('ordc', true, true)
       FROM mailbox._inbox WHERE inbox_name = 'ordc';
@@ -123,8 +129,8 @@ BEGIN
     FOR b IN 0 .. (n - 1) / 1000 LOOP
         PERFORM mailbox.inbox_receive_batch('ordc', (
             SELECT jsonb_agg(jsonb_build_object('p_event_id', 'o-' || g, 'p_payload', '{"n": 1}'::jsonb,
-                                                'p_aggregate_id', 'a-' || (g % aggs),
-                                                'p_sequence_num', g / aggs + 1))
+                                                'p_aggregate_id', 'a-' || CASE WHEN bursts THEN g / per ELSE g % aggs END,
+                                                'p_sequence_num', CASE WHEN bursts THEN g % per ELSE g / aggs END + 1))
               FROM generate_series(b * 1000, least(n - 1, b * 1000 + 999)) AS g));
     END LOOP;
 END

@@ -6368,36 +6368,84 @@ AS $$
     SELECT pg_catalog.format('mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_lease');
 $$;
 
--- For an ordered inbox, the claim's extra condition: only aggregate heads (next_<i>, its SQL
--- written in here: a view in the table's schema may be replaced by that schema's owner),
--- oldest first, collected by an InitPlan so the claim itself is a primary-key lookup. At
--- most one in flight per aggregate: a head that is leased (or waits for its retry time) is
--- skipped, and so is a head whose aggregate has another message under a live lease: a lower
--- sequence that arrived (or was replayed) after its successor was claimed is the head
--- again, but waits until that successor is settled. A message in flight was a head when it
--- was claimed, so its sequence is at most last_seq + 1 (last_seq never decreases): the probe
--- reads only the aggregate's unprocessed rows up to there (the ordering index), usually the
--- head alone. Empty for an unordered inbox.
+-- A head p_alias (a row of the inbox table) is free to claim: no live lease or pending retry
+-- of its own, and no other message of its aggregate under a live lease (above).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_head_free(p_inbox mailbox._inbox, p_alias text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format(
+        'NOT EXISTS (SELECT 1 FROM %3$s AS l'
+        ' WHERE l.event_id = %2$I.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
+        ' AND NOT EXISTS (SELECT 1 FROM %4$s AS s'
+        ' WHERE s.%5$I = %2$I.%5$I AND s.%7$I IS NULL AND s.%6$I <= coalesce((SELECT a.last_seq'
+        ' FROM mailbox.%8$I AS a WHERE a.aggregate_id = %2$I.%5$I::text),'
+        ' ($1).ordering_first_sequence - 1) + 1'
+        ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
+        ' OFFSET 0)',
+        c ->> 'event_id', p_alias, mailbox._inbox_lease_sql(p_inbox), mailbox._inbox_table_sql(p_inbox),
+        c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
+        '_inbox_' || p_inbox.inbox_key || '_aggregate')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- For an ordered inbox, the claim's extra condition: only aggregate heads, oldest first (at
+-- most 4 x batch + 16 of them), collected by an InitPlan so the claim itself is a
+-- primary-key lookup. At most one in flight per aggregate: a head that is leased (or waits
+-- for its retry time) is skipped, and so is a head whose aggregate has another message under
+-- a live lease: a lower sequence that arrived (or was replayed) after its successor was
+-- claimed is the head again, but waits until that successor is settled. A message in flight
+-- was a head when it was claimed, so its sequence is at most last_seq + 1 (last_seq never
+-- decreases): the probe reads only the aggregate's unprocessed rows up to there (the
+-- ordering index), usually the head alone. Empty for an unordered inbox.
+-- The heads come from one of two reads that give the same answer (issue 11):
+--   * the walk: next_<i>'s SQL (written in here: a view in the table's schema may be
+--     replaced by that schema's owner), one skip-scan step per aggregate with unprocessed
+--     messages, so a claim costs per busy aggregate;
+--   * for a managed inbox (whose pending index is known) with more busy aggregates than the
+--     claim wants heads (a skip scan that stops there counts them), the arrival read:
+--     unprocessed messages oldest first (the pending index), keeping each that is its
+--     aggregate's head by the walk's rule (no unprocessed message of the aggregate with a
+--     lower sequence, or the same sequence and a lower id; its sequence at most
+--     last_seq + 1; not a dead letter; free), until 4 x batch + 16 are kept or
+--     2 x (4 x batch + 16) were read (the inner LIMIT; the outer one stops the read early, so
+--     the kept heads are the first in the inner subquery's received_at order). Any head
+--     older than the last message read is among those read, so when the read keeps enough,
+--     or reads every unprocessed message, its heads are the walk's oldest (up to ties in
+--     received_at); when it does not (heads thinly spread over arrival order), the walk runs.
+-- The head test's NOT EXISTS is fenced (OFFSET 0): left to the planner it becomes a hash
+-- anti-join over the whole table. So is the array (h): pulled up, the planner copies it into
+-- both places that use it and runs the read twice.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_claim_heads(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN '' ELSE pg_catalog.format(
-        ' AND t.%1$I = ANY (ARRAY(SELECT n.%1$I FROM (%2$s) AS n'
-        ' WHERE NOT EXISTS (SELECT 1 FROM %3$s AS l'
-        ' WHERE l.event_id = n.%1$I::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)'
-        ' AND NOT EXISTS (SELECT 1 FROM %5$s AS s'
-        ' WHERE s.%6$I = n.%6$I AND s.%8$I IS NULL AND s.%7$I <= coalesce((SELECT a.last_seq'
-        ' FROM mailbox.%9$I AS a WHERE a.aggregate_id = n.%6$I::text),'
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN ''
+                WHEN NOT p_inbox.is_managed THEN pg_catalog.format(' AND t.%I = ANY (%s)', c ->> 'event_id', walk)
+                ELSE pg_catalog.format(
+        ' AND t.%1$I = ANY (CASE WHEN (%2$s SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b)'
+        ' <= $2 * 4 + 16 THEN %3$s ELSE coalesce((SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16'
+        ' OR (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM %9$s AS t WHERE t.%10$I IS NULL'
+        ' LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
+        ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%7$I, t.%4$I FROM %9$s AS t'
+        ' WHERE t.%10$I IS NULL ORDER BY t.%4$I LIMIT ($2 * 4 + 16) * 2) AS r'
+        ' WHERE r.%5$I IS NOT NULL AND r.%6$I IS NOT NULL AND r.%7$I < ($1).max_retries'
+        ' AND r.%6$I <= coalesce((SELECT a.last_seq FROM mailbox.%8$I AS a WHERE a.aggregate_id = r.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
-        ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-        ' OFFSET 0)'
-        ' ORDER BY n.%4$I LIMIT $2 * 4 + 16))',
-        c ->> 'event_id', mailbox._inbox_next_sql(p_inbox), mailbox._inbox_lease_sql(p_inbox),
-        c ->> 'received_at', mailbox._inbox_table_sql(p_inbox), c ->> 'aggregate_id', c ->> 'sequence_num',
-        c ->> 'processed_at', '_inbox_' || p_inbox.inbox_key || '_aggregate') END
-      FROM (SELECT p_inbox.columns AS c) AS x;
+        ' AND NOT EXISTS (SELECT 1 FROM %9$s AS s WHERE s.%5$I = r.%5$I AND s.%10$I IS NULL'
+        ' AND s.%6$I <= r.%6$I AND (s.%6$I < r.%6$I OR s.%1$I < r.%1$I) OFFSET 0)'
+        ' AND %11$s LIMIT $2 * 4 + 16) AS heads OFFSET 0) AS h), %3$s) END)',
+        c ->> 'event_id', mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_table_sql(p_inbox)), walk,
+        c ->> 'received_at', c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'retry_count',
+        '_inbox_' || p_inbox.inbox_key || '_aggregate', mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at',
+        mailbox._inbox_build_head_free(p_inbox, 'r')) END
+      FROM (SELECT p_inbox.columns AS c,
+                   pg_catalog.format('ARRAY(SELECT n.%1$I FROM (%2$s) AS n WHERE %3$s ORDER BY n.%4$I LIMIT $2 * 4 + 16)',
+                                     p_inbox.columns ->> 'event_id', mailbox._inbox_next_sql(p_inbox),
+                                     mailbox._inbox_build_head_free(p_inbox, 'n'),
+                                     p_inbox.columns ->> 'received_at') AS walk) AS x;
 $$;
 
 -- The claimed message's fields (_inbox_message, in its order) read from the inbox table t:
