@@ -346,6 +346,10 @@ $$;
 --   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
 --   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
 --   (7168635, key)   part 34 (_inbox_gap_fold) one gap fold of an inbox at a time (try only)
+--   (7168636, hashtext(inbox key '/' aggregate))
+--                    part 33 (inbox_claim)    an ordered inbox's aggregate in flight in an open
+--                                             claiming transaction (try only; a hash collision
+--                                             only holds back another aggregate a while)
 
 -- Serialises pg_mailbox DDL (create/enable/drop) in this database, so two concurrent calls
 -- for the same name or table give one success and one clean 42710 instead of a unique
@@ -5291,7 +5295,16 @@ BEGIN
         RETURN;
     END IF;
     -- 2b. otherwise their leases now: the upsert only takes a message whose lease and retry
-    -- time have passed
+    -- time have passed. An ordered inbox keeps one message of an aggregate in flight also
+    -- while the claim holding another is still open (its lease is not visible yet: a replayed
+    -- or late lower sequence is the head again meanwhile): each claim holds its aggregates'
+    -- transaction advisory locks (part 05) and drops a message whose aggregate another open
+    -- transaction holds (this one keeps its row lock until it ends, then it is claimable)
+    IF v_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
+                         WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
+                                   pg_catalog.hashtext(v_inbox.inbox_key || '/' || m.aggregate_id)));
+    END IF;
     RETURN QUERY
     WITH won AS (
         INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
@@ -6405,10 +6418,11 @@ $$;
 --     messages, so a claim costs per busy aggregate;
 --   * for a managed inbox (whose pending index is known) with more busy aggregates than the
 --     claim wants heads (a skip scan that stops there counts them), the arrival read:
---     unprocessed messages oldest first (the pending index), keeping each that is its
---     aggregate's head by the walk's rule (no unprocessed message of the aggregate with a
---     lower sequence, or the same sequence and a lower id; its sequence at most
---     last_seq + 1; not a dead letter; free), until 4 x batch + 16 are kept or
+--     unprocessed messages oldest first (the pending index), dead letters passed over (they
+--     are never heads, and they stay oldest for days), keeping each that is its aggregate's
+--     head by the walk's rule (no unprocessed message of the aggregate, dead letters
+--     included, with a lower sequence, or the same sequence and a lower id; its sequence at
+--     most last_seq + 1; free), until 4 x batch + 16 are kept or
 --     2 x (4 x batch + 16) were read (the inner LIMIT; the outer one stops the read early, so
 --     the kept heads are the first in the inner subquery's received_at order). Any head
 --     older than the last message read is among those read, so when the read keeps enough,
@@ -6428,10 +6442,10 @@ AS $$
         ' AND t.%1$I = ANY (CASE WHEN (%2$s SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b)'
         ' <= $2 * 4 + 16 THEN %3$s ELSE coalesce((SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16'
         ' OR (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM %9$s AS t WHERE t.%10$I IS NULL'
-        ' LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
-        ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%7$I, t.%4$I FROM %9$s AS t'
-        ' WHERE t.%10$I IS NULL ORDER BY t.%4$I LIMIT ($2 * 4 + 16) * 2) AS r'
-        ' WHERE r.%5$I IS NOT NULL AND r.%6$I IS NOT NULL AND r.%7$I < ($1).max_retries'
+        ' AND t.%7$I < ($1).max_retries LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
+        ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%4$I FROM %9$s AS t'
+        ' WHERE t.%10$I IS NULL AND t.%7$I < ($1).max_retries ORDER BY t.%4$I LIMIT ($2 * 4 + 16) * 2) AS r'
+        ' WHERE r.%5$I IS NOT NULL AND r.%6$I IS NOT NULL'
         ' AND r.%6$I <= coalesce((SELECT a.last_seq FROM mailbox.%8$I AS a WHERE a.aggregate_id = r.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND NOT EXISTS (SELECT 1 FROM %9$s AS s WHERE s.%5$I = r.%5$I AND s.%10$I IS NULL'

@@ -83,6 +83,10 @@ $$;
 --   (7168633, key)   _retention_lock(key)     retention vs seeks of one outbox
 --   (7168634, 0)     part 24 (run_numberer)   one numberer per database (a session lock)
 --   (7168635, key)   part 34 (_inbox_gap_fold) one gap fold of an inbox at a time (try only)
+--   (7168636, hashtext(inbox key '/' aggregate))
+--                    part 33 (inbox_claim)    an ordered inbox's aggregate in flight in an open
+--                                             claiming transaction (try only; a hash collision
+--                                             only holds back another aggregate a while)
 
 -- Serialises pg_mailbox DDL (create/enable/drop) in this database, so two concurrent calls
 -- for the same name or table give one success and one clean 42710 instead of a unique

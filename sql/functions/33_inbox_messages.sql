@@ -211,7 +211,16 @@ BEGIN
         RETURN;
     END IF;
     -- 2b. otherwise their leases now: the upsert only takes a message whose lease and retry
-    -- time have passed
+    -- time have passed. An ordered inbox keeps one message of an aggregate in flight also
+    -- while the claim holding another is still open (its lease is not visible yet: a replayed
+    -- or late lower sequence is the head again meanwhile): each claim holds its aggregates'
+    -- transaction advisory locks (part 05) and drops a message whose aggregate another open
+    -- transaction holds (this one keeps its row lock until it ends, then it is claimable)
+    IF v_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
+                         WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
+                                   pg_catalog.hashtext(v_inbox.inbox_key || '/' || m.aggregate_id)));
+    END IF;
     RETURN QUERY
     WITH won AS (
         INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,

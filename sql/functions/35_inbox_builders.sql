@@ -122,10 +122,11 @@ $$;
 --     messages, so a claim costs per busy aggregate;
 --   * for a managed inbox (whose pending index is known) with more busy aggregates than the
 --     claim wants heads (a skip scan that stops there counts them), the arrival read:
---     unprocessed messages oldest first (the pending index), keeping each that is its
---     aggregate's head by the walk's rule (no unprocessed message of the aggregate with a
---     lower sequence, or the same sequence and a lower id; its sequence at most
---     last_seq + 1; not a dead letter; free), until 4 x batch + 16 are kept or
+--     unprocessed messages oldest first (the pending index), dead letters passed over (they
+--     are never heads, and they stay oldest for days), keeping each that is its aggregate's
+--     head by the walk's rule (no unprocessed message of the aggregate, dead letters
+--     included, with a lower sequence, or the same sequence and a lower id; its sequence at
+--     most last_seq + 1; free), until 4 x batch + 16 are kept or
 --     2 x (4 x batch + 16) were read (the inner LIMIT; the outer one stops the read early, so
 --     the kept heads are the first in the inner subquery's received_at order). Any head
 --     older than the last message read is among those read, so when the read keeps enough,
@@ -145,10 +146,10 @@ AS $$
         ' AND t.%1$I = ANY (CASE WHEN (%2$s SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b)'
         ' <= $2 * 4 + 16 THEN %3$s ELSE coalesce((SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16'
         ' OR (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM %9$s AS t WHERE t.%10$I IS NULL'
-        ' LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
-        ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%7$I, t.%4$I FROM %9$s AS t'
-        ' WHERE t.%10$I IS NULL ORDER BY t.%4$I LIMIT ($2 * 4 + 16) * 2) AS r'
-        ' WHERE r.%5$I IS NOT NULL AND r.%6$I IS NOT NULL AND r.%7$I < ($1).max_retries'
+        ' AND t.%7$I < ($1).max_retries LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
+        ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%4$I FROM %9$s AS t'
+        ' WHERE t.%10$I IS NULL AND t.%7$I < ($1).max_retries ORDER BY t.%4$I LIMIT ($2 * 4 + 16) * 2) AS r'
+        ' WHERE r.%5$I IS NOT NULL AND r.%6$I IS NOT NULL'
         ' AND r.%6$I <= coalesce((SELECT a.last_seq FROM mailbox.%8$I AS a WHERE a.aggregate_id = r.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND NOT EXISTS (SELECT 1 FROM %9$s AS s WHERE s.%5$I = r.%5$I AND s.%10$I IS NULL'

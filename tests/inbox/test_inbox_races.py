@@ -438,6 +438,34 @@ def test_replaying_an_older_message_does_not_run_beside_its_in_flight_successor(
     assert claimed_ids(connect(), "ev", "w2") == []
 
 
+@pytest.mark.parametrize("how", ["replayed", "late"])
+def test_a_lower_sequence_waits_for_a_successor_held_by_an_open_claim(ev, connect, how):
+    """SPEC §3.2, one in flight per aggregate, while the claim holding a2 is still open: its
+    lease is not visible to another worker yet, and a1 (replayed, or a late a1-again) is the
+    head again meanwhile. The other worker must not get it until a2's claim ends (found by
+    an adversarial review; before, it got a1 on both the walk and the arrival read)."""
+    receive(ev, "ev", "a1", "A", 1)
+    receive(ev, "ev", "a2", "A", 2)
+    assert claimed_ids(ev, "ev", "w1") == ["a1"]
+    assert processed(ev, "ev", "a1") is True
+    holder, other = connect(autocommit=False), connect(autocommit=False)
+    assert claimed_ids(holder, "ev", "w1") == ["a2"]  # open: a2 in flight, lease uncommitted
+    if how == "replayed":
+        assert scalar(ev, "SELECT mailbox.replay_inbox_messages('ev', ARRAY['a1'])") == 1
+        lower = "a1"
+    else:
+        receive(ev, "ev", "a1-again", "A", 1)
+        lower = "a1-again"
+    assert claimed_ids(other, "ev", "w2") == []
+    other.commit()  # its row lock on the lower message ends with its transaction
+    holder.commit()  # a2's lease is committed now, and still live
+    assert claimed_ids(other, "ev", "w2") == []
+    other.commit()
+    assert processed(ev, "ev", "a2") is True
+    assert claimed_ids(other, "ev", "w2") == [lower]
+    other.commit()
+
+
 def test_enabling_ordering_on_an_inbox_with_processed_history_continues_after_it(db):
     """SPEC §3.2: next_<inbox> shows, per aggregate, the pending message whose sequence is
     *last processed + 1* (p_first_sequence only for a *new* aggregate). Aggregate A has
