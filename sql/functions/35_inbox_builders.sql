@@ -132,6 +132,8 @@ $$;
 --     older than the last message read is among those read, so when the read keeps enough,
 --     or reads every unprocessed message, its heads are the walk's oldest (up to ties in
 --     received_at); when it does not (heads thinly spread over arrival order), the walk runs.
+-- The walk is written once, as the fallback of coalesce: the read gives NULL when it is not
+-- tried (few busy aggregates) or does not answer.
 -- The head test's NOT EXISTS is fenced (OFFSET 0): left to the planner it becomes a hash
 -- anti-join over the whole table. So is the array (h): pulled up, the planner copies it into
 -- both places that use it and runs the read twice.
@@ -143,8 +145,8 @@ AS $$
     SELECT CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN ''
                 WHEN NOT p_inbox.is_managed THEN pg_catalog.format(' AND t.%I = ANY (%s)', c ->> 'event_id', walk)
                 ELSE pg_catalog.format(
-        ' AND t.%1$I = ANY (CASE WHEN (%2$s SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b)'
-        ' <= $2 * 4 + 16 THEN %3$s ELSE coalesce((SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16'
+        ' AND t.%1$I = ANY (coalesce(CASE WHEN (%2$s SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b)'
+        ' > $2 * 4 + 16 THEN (SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16'
         ' OR (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM %9$s AS t WHERE t.%10$I IS NULL'
         ' AND t.%7$I < ($1).max_retries LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END'
         ' FROM (SELECT ARRAY(SELECT r.%1$I FROM (SELECT t.%1$I, t.%5$I, t.%6$I, t.%4$I FROM %9$s AS t'
@@ -154,7 +156,7 @@ AS $$
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND NOT EXISTS (SELECT 1 FROM %9$s AS s WHERE s.%5$I = r.%5$I AND s.%10$I IS NULL'
         ' AND s.%6$I <= r.%6$I AND (s.%6$I < r.%6$I OR s.%1$I < r.%1$I) OFFSET 0)'
-        ' AND %11$s LIMIT $2 * 4 + 16) AS heads OFFSET 0) AS h), %3$s) END)',
+        ' AND %11$s LIMIT $2 * 4 + 16) AS heads OFFSET 0) AS h) END, %3$s))',
         c ->> 'event_id', mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_table_sql(p_inbox)), walk,
         c ->> 'received_at', c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'retry_count',
         '_inbox_' || p_inbox.inbox_key || '_aggregate', mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at',
