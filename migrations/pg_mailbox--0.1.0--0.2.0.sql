@@ -23,6 +23,12 @@ UPDATE mailbox._inbox AS i
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
 -- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
 CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
+-- Issue 11: the aggregate of an ordered inbox's lease, one row per aggregate at most (part 37,
+-- _inbox_claim_leases). A lease taken before the update has none: it still counts in every
+-- claim's scan, only not in the re-read after the aggregate's lock, until it ends.
+ALTER TABLE mailbox._inbox_lease ADD COLUMN aggregate_id text;
+CREATE UNIQUE INDEX _inbox_lease_aggregate_idx ON mailbox._inbox_lease (inbox_key, aggregate_id)
+    WHERE aggregate_id IS NOT NULL;
 
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array
@@ -5214,6 +5220,8 @@ DECLARE
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
     v_claimed bigint;
+    v_won text[];
+    v_index text;
 BEGIN
     -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
     -- grants of its own (without, it is open to the role-level grants); whether its stored
@@ -5294,34 +5302,37 @@ BEGIN
           FROM pg_catalog.unnest(v_rows) AS m;
         RETURN;
     END IF;
-    -- 2b. otherwise their leases now: the upsert only takes a message whose lease and retry
-    -- time have passed. An ordered inbox keeps one message of an aggregate in flight also
-    -- while the claim holding another is still open (its lease is not visible yet: a replayed
-    -- or late lower sequence is the head again meanwhile): each claim holds its aggregates'
-    -- transaction advisory locks (part 05) and drops a message whose aggregate another open
-    -- transaction holds (this one keeps its row lock until it ends, then it is claimable)
+    -- 2b. otherwise their leases now (part 37, _inbox_claim_leases): the upsert takes a message
+    -- whose lease and retry time have passed. Ordered: one message of an aggregate in flight
+    -- also while another's claim is open: a claim holds its aggregates' advisory locks (part
+    -- 05) and drops a message whose aggregate another open claim holds; one that committed
+    -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
+    -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                          WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
                                    pg_catalog.hashtext(v_inbox.inbox_key || '/' || m.aggregate_id)));
+        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+            BEGIN
+                v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
+            EXCEPTION WHEN unique_violation THEN
+                GET STACKED DIAGNOSTICS v_index = CONSTRAINT_NAME;
+                IF v_index IS DISTINCT FROM '_inbox_lease_aggregate_idx' THEN
+                    RAISE;
+                END IF;
+                RAISE EXCEPTION 'inbox %: another worker claimed a message of an aggregate this claim would take, after this transaction''s snapshot', v_inbox.inbox_name
+                    USING ERRCODE = '40001', HINT = 'Retry the transaction, or claim from an ordered inbox in READ COMMITTED.';
+            END;
+        END IF;
+    END IF;
+    IF v_won IS NULL THEN
+        v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
     END IF;
     RETURN QUERY
-    WITH won AS (
-        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
-                                               leased_by_pid)
-        SELECT v_inbox.inbox_key, m.event_id, v_until, p_worker, NULL, pg_catalog.pg_backend_pid()
-          FROM pg_catalog.unnest(v_rows) AS m
-            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
-           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
-               leased_by_pid = excluded.leased_by_pid
-         WHERE (x.lease_until IS NULL OR x.lease_until <= v_now)
-           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= v_now)
-        RETURNING x.event_id AS won_id, x.lease_until AS won_until
-    )
     SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
-           m.headers, m.trace_id, m.retry_count, m.received_at, won.won_until
+           m.headers, m.trace_id, m.retry_count, m.received_at, v_until
       FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
-      JOIN won ON won.won_id = m.event_id
+      JOIN pg_catalog.unnest(v_won) AS w (id) ON w.id = m.event_id
      ORDER BY m.ordinality;
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
     IF v_claimed = 0 OR v_found.waiting THEN
@@ -7566,6 +7577,57 @@ BEGIN
             USING ERRCODE = 'XX000',
                   HINT = 'This is a bug in pg_mailbox; the transaction was rolled back, so no message was lost.';
     END IF;
+END
+$$;
+
+-- The lease rows of a claim that writes them at once (inbox_claim, step 2b: an ordered inbox,
+-- or REPEATABLE READ and SERIALIZABLE): the ids of p_rows it won. The upsert takes a message
+-- whose lease and retry time have passed; ON CONFLICT judges the latest committed lease row.
+-- An ordered inbox's leases carry their aggregate, at most one row per aggregate (a unique
+-- index): the row of the message in flight. So, first, rows of these aggregates whose lease
+-- ended (expired, or a failure's retry time) give their aggregate back; then the upsert
+-- leaves out a message whose aggregate has another message with a live lease. In READ
+-- COMMITTED its snapshot is taken after inbox_claim holds the aggregates' locks, so it sees
+-- the lease of a claim that held one and committed since the claim's scan; under REPEATABLE
+-- READ it cannot, and that lease's row fails the unique index instead (inbox_claim turns
+-- that into a serialization failure). docs/design.md §7.3.
+CREATE OR REPLACE FUNCTION mailbox._inbox_claim_leases(
+    p_inbox mailbox._inbox, p_rows mailbox._inbox_message[], p_worker text, p_now timestamptz,
+    p_until timestamptz
+)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_ordered boolean := p_inbox.ordering_first_sequence IS NOT NULL;
+    v_won text[];
+BEGIN
+    IF v_ordered THEN
+        UPDATE mailbox._inbox_lease AS o SET aggregate_id = NULL
+         WHERE o.inbox_key = p_inbox.inbox_key
+           AND o.aggregate_id = ANY (ARRAY(SELECT m.aggregate_id FROM pg_catalog.unnest(p_rows) AS m))
+           AND (o.lease_until IS NULL OR o.lease_until <= p_now);
+    END IF;
+    WITH won AS (
+        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
+                                               leased_by_pid, aggregate_id)
+        SELECT p_inbox.inbox_key, m.event_id, p_until, p_worker, NULL, pg_catalog.pg_backend_pid(),
+               CASE WHEN v_ordered THEN m.aggregate_id END
+          FROM pg_catalog.unnest(p_rows) AS m
+         WHERE NOT v_ordered OR m.aggregate_id IS NULL
+            OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS o
+                            WHERE o.inbox_key = p_inbox.inbox_key AND o.aggregate_id = m.aggregate_id
+                              AND o.event_id <> m.event_id AND o.lease_until > p_now)
+            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
+           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
+               leased_by_pid = excluded.leased_by_pid, aggregate_id = excluded.aggregate_id
+         WHERE (x.lease_until IS NULL OR x.lease_until <= p_now)
+           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= p_now)
+        RETURNING x.event_id
+    )
+    SELECT pg_catalog.array_agg(won.event_id) INTO v_won FROM won;
+    RETURN coalesce(v_won, '{}');
 END
 $$;
 

@@ -73,3 +73,48 @@ def make_role(db, *grants):
 def drop_role(db, name):
     db.execute(f'DROP OWNED BY "{name}"')
     db.execute(f'DROP ROLE "{name}"')
+
+
+GATED = """
+CREATE SCHEMA gated AUTHORIZATION "{owner}";
+SET ROLE "{owner}";
+CREATE FUNCTION gated.gate(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF ({gated}) AND current_setting('application_name') = 'gated' THEN
+        PERFORM pg_advisory_lock_shared(4242);
+        PERFORM pg_advisory_unlock_shared(4242);
+    END IF;
+    RETURN true;
+END $$;
+CREATE TABLE gated.inbox (
+    event_id text PRIMARY KEY, payload jsonb, event_type text,{columns}
+    received_at timestamptz DEFAULT now(), processed_at timestamptz, error text,
+    retry_count int DEFAULT 0
+);
+ALTER TABLE gated.inbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE gated.inbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY gate ON gated.inbox USING (gated.gate(event_id)) WITH CHECK (true);
+RESET ROLE;
+"""
+
+
+def make_gated_table(db, gated, columns=""):
+    """gated.inbox, an inbox table (to adopt) owned by a throwaway role whose row-level
+    security policy (FORCE) stops a statement of a session named 'gated' at each row whose
+    id satisfies the SQL condition `gated` (on `id`) while advisory lock 4242 is taken: a
+    test takes 4242, starts that statement, waits until it blocks (past its snapshot),
+    acts, and releases 4242. Returns the owner; drop_gated_table(db, owner) cleans up."""
+    owner = make_role(db)
+    db.execute(GATED.format(owner=owner, gated=gated, columns=columns))
+    return owner
+
+
+def drop_gated_table(db, owner):
+    """Drops what make_gated_table made. Ends the database's other connections first: after
+    a failed assertion, one may still hold a lock on gated.inbox (or wait at the gate)."""
+    db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    db.execute(f'DROP OWNED BY "{owner}" CASCADE')
+    db.execute(f'DROP ROLE "{owner}"')

@@ -130,6 +130,8 @@ DECLARE
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
     v_claimed bigint;
+    v_won text[];
+    v_index text;
 BEGIN
     -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
     -- grants of its own (without, it is open to the role-level grants); whether its stored
@@ -210,34 +212,37 @@ BEGIN
           FROM pg_catalog.unnest(v_rows) AS m;
         RETURN;
     END IF;
-    -- 2b. otherwise their leases now: the upsert only takes a message whose lease and retry
-    -- time have passed. An ordered inbox keeps one message of an aggregate in flight also
-    -- while the claim holding another is still open (its lease is not visible yet: a replayed
-    -- or late lower sequence is the head again meanwhile): each claim holds its aggregates'
-    -- transaction advisory locks (part 05) and drops a message whose aggregate another open
-    -- transaction holds (this one keeps its row lock until it ends, then it is claimable)
+    -- 2b. otherwise their leases now (part 37, _inbox_claim_leases): the upsert takes a message
+    -- whose lease and retry time have passed. Ordered: one message of an aggregate in flight
+    -- also while another's claim is open: a claim holds its aggregates' advisory locks (part
+    -- 05) and drops a message whose aggregate another open claim holds; one that committed
+    -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
+    -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                          WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
                                    pg_catalog.hashtext(v_inbox.inbox_key || '/' || m.aggregate_id)));
+        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+            BEGIN
+                v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
+            EXCEPTION WHEN unique_violation THEN
+                GET STACKED DIAGNOSTICS v_index = CONSTRAINT_NAME;
+                IF v_index IS DISTINCT FROM '_inbox_lease_aggregate_idx' THEN
+                    RAISE;
+                END IF;
+                RAISE EXCEPTION 'inbox %: another worker claimed a message of an aggregate this claim would take, after this transaction''s snapshot', v_inbox.inbox_name
+                    USING ERRCODE = '40001', HINT = 'Retry the transaction, or claim from an ordered inbox in READ COMMITTED.';
+            END;
+        END IF;
+    END IF;
+    IF v_won IS NULL THEN
+        v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
     END IF;
     RETURN QUERY
-    WITH won AS (
-        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
-                                               leased_by_pid)
-        SELECT v_inbox.inbox_key, m.event_id, v_until, p_worker, NULL, pg_catalog.pg_backend_pid()
-          FROM pg_catalog.unnest(v_rows) AS m
-            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
-           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
-               leased_by_pid = excluded.leased_by_pid
-         WHERE (x.lease_until IS NULL OR x.lease_until <= v_now)
-           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= v_now)
-        RETURNING x.event_id AS won_id, x.lease_until AS won_until
-    )
     SELECT m.event_id, m.event_type, m.source, m.aggregate_id, m.sequence_num, m.priority, m.payload,
-           m.headers, m.trace_id, m.retry_count, m.received_at, won.won_until
+           m.headers, m.trace_id, m.retry_count, m.received_at, v_until
       FROM pg_catalog.unnest(v_rows) WITH ORDINALITY AS m
-      JOIN won ON won.won_id = m.event_id
+      JOIN pg_catalog.unnest(v_won) AS w (id) ON w.id = m.event_id
      ORDER BY m.ordinality;
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
     IF v_claimed = 0 OR v_found.waiting THEN

@@ -83,6 +83,57 @@ BEGIN
 END
 $$;
 
+-- The lease rows of a claim that writes them at once (inbox_claim, step 2b: an ordered inbox,
+-- or REPEATABLE READ and SERIALIZABLE): the ids of p_rows it won. The upsert takes a message
+-- whose lease and retry time have passed; ON CONFLICT judges the latest committed lease row.
+-- An ordered inbox's leases carry their aggregate, at most one row per aggregate (a unique
+-- index): the row of the message in flight. So, first, rows of these aggregates whose lease
+-- ended (expired, or a failure's retry time) give their aggregate back; then the upsert
+-- leaves out a message whose aggregate has another message with a live lease. In READ
+-- COMMITTED its snapshot is taken after inbox_claim holds the aggregates' locks, so it sees
+-- the lease of a claim that held one and committed since the claim's scan; under REPEATABLE
+-- READ it cannot, and that lease's row fails the unique index instead (inbox_claim turns
+-- that into a serialization failure). docs/design.md §7.3.
+CREATE FUNCTION mailbox._inbox_claim_leases(
+    p_inbox mailbox._inbox, p_rows mailbox._inbox_message[], p_worker text, p_now timestamptz,
+    p_until timestamptz
+)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_ordered boolean := p_inbox.ordering_first_sequence IS NOT NULL;
+    v_won text[];
+BEGIN
+    IF v_ordered THEN
+        UPDATE mailbox._inbox_lease AS o SET aggregate_id = NULL
+         WHERE o.inbox_key = p_inbox.inbox_key
+           AND o.aggregate_id = ANY (ARRAY(SELECT m.aggregate_id FROM pg_catalog.unnest(p_rows) AS m))
+           AND (o.lease_until IS NULL OR o.lease_until <= p_now);
+    END IF;
+    WITH won AS (
+        INSERT INTO mailbox._inbox_lease AS x (inbox_key, event_id, lease_until, leased_by, next_attempt_at,
+                                               leased_by_pid, aggregate_id)
+        SELECT p_inbox.inbox_key, m.event_id, p_until, p_worker, NULL, pg_catalog.pg_backend_pid(),
+               CASE WHEN v_ordered THEN m.aggregate_id END
+          FROM pg_catalog.unnest(p_rows) AS m
+         WHERE NOT v_ordered OR m.aggregate_id IS NULL
+            OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS o
+                            WHERE o.inbox_key = p_inbox.inbox_key AND o.aggregate_id = m.aggregate_id
+                              AND o.event_id <> m.event_id AND o.lease_until > p_now)
+            ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
+           SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
+               leased_by_pid = excluded.leased_by_pid, aggregate_id = excluded.aggregate_id
+         WHERE (x.lease_until IS NULL OR x.lease_until <= p_now)
+           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= p_now)
+        RETURNING x.event_id
+    )
+    SELECT pg_catalog.array_agg(won.event_id) INTO v_won FROM won;
+    RETURN coalesce(v_won, '{}');
+END
+$$;
+
 -- The deferred trigger on mailbox._inbox_open_claim: settles one claim at commit (or at
 -- SET CONSTRAINTS ... IMMEDIATE, after which later marks delete the lease rows as usual).
 CREATE FUNCTION mailbox._inbox_settle_claim()

@@ -38,7 +38,9 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_inbox_key_seq', '');
 -- leased_by_pid is the backend that claimed it: inbox_mark_failed has no worker argument
 -- (SPEC §3.1), so it tells the lease holder's own failure report (which ends the lease)
 -- from a late one of a worker whose lease expired (which must not end another worker's
--- live lease; see docs/design.md §7.1).
+-- live lease; see docs/design.md §7.1). aggregate_id is the leased message's aggregate,
+-- written by the claims of an ordered inbox only (NULL otherwise), on one row per
+-- aggregate at most: the message in flight (part 37, _inbox_claim_leases; design.md §7.3).
 CREATE TABLE mailbox._inbox_lease (
     inbox_key int NOT NULL,
     event_id text NOT NULL,
@@ -46,8 +48,11 @@ CREATE TABLE mailbox._inbox_lease (
     leased_by text,
     next_attempt_at timestamptz,
     leased_by_pid int,
+    aggregate_id text,
     PRIMARY KEY (inbox_key, event_id)
 ) WITH (fillfactor = 70);
+CREATE UNIQUE INDEX _inbox_lease_aggregate_idx ON mailbox._inbox_lease (inbox_key, aggregate_id)
+    WHERE aggregate_id IS NOT NULL;
 COMMENT ON TABLE mailbox._inbox_lease IS
 'pg_mailbox: inbox messages that are leased by a worker or wait for their retry time';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_lease', '');

@@ -18,6 +18,12 @@ UPDATE mailbox._inbox AS i
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
 -- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
 CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
+-- Issue 11: the aggregate of an ordered inbox's lease, one row per aggregate at most (part 37,
+-- _inbox_claim_leases). A lease taken before the update has none: it still counts in every
+-- claim's scan, only not in the re-read after the aggregate's lock, until it ends.
+ALTER TABLE mailbox._inbox_lease ADD COLUMN aggregate_id text;
+CREATE UNIQUE INDEX _inbox_lease_aggregate_idx ON mailbox._inbox_lease (inbox_key, aggregate_id)
+    WHERE aggregate_id IS NOT NULL;
 
 -- Issue 11: gap state of managed ordered inboxes (part 34, gap state): every gap as of the inbox's last
 -- fold, and the aggregates touched since (insert-only, one row per statement with the array

@@ -13,7 +13,7 @@ import time
 import psycopg
 import pytest
 from groups import wait_blocked
-from mbx import rows, scalar
+from mbx import drop_gated_table, make_gated_table, rows, scalar
 
 
 def receive(conn, inbox, event_id):
@@ -149,40 +149,14 @@ def test_set_constraints_immediate_leases_at_once_and_the_mark_ends_it(q, connec
     assert leases(q) == []
 
 
-GATED = """
-CREATE SCHEMA gated AUTHORIZATION "{owner}";
-SET ROLE "{owner}";
-CREATE FUNCTION gated.gate(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    -- a claim of the session named 'gated' stops at message 'm' until the test lets it on
-    IF id = 'm' AND current_setting('application_name') = 'gated' THEN
-        PERFORM pg_advisory_lock_shared(4242);
-        PERFORM pg_advisory_unlock_shared(4242);
-    END IF;
-    RETURN true;
-END $$;
-CREATE TABLE gated.inbox (
-    event_id text PRIMARY KEY, payload jsonb, event_type text,
-    received_at timestamptz DEFAULT now(), processed_at timestamptz, error text,
-    retry_count int DEFAULT 0
-);
-ALTER TABLE gated.inbox ENABLE ROW LEVEL SECURITY;
-ALTER TABLE gated.inbox FORCE ROW LEVEL SECURITY;
-CREATE POLICY gate ON gated.inbox USING (gated.gate(event_id)) WITH CHECK (true);
-RESET ROLE;
-"""
-
-
 def test_a_claimer_whose_scan_predates_a_committed_lease_does_not_win_the_message(db, connect):
     """B's claim statement takes its snapshot, then stops in its scan (a row-level security
     policy of the table owner, released by the test) before it reaches message m. A claims m
     and commits without marking it, so m is leased to A and A's row lock is gone. B then
     locks m (its snapshot cannot see A's lease); the re-read of the leases after the lock
     must drop it: B gets nothing and A keeps its lease."""
-    owner = f"gate_{db.info.dbname[-8:]}"
-    db.execute(f'CREATE ROLE "{owner}"')
+    owner = make_gated_table(db, "id = 'm'")
     try:
-        db.execute(GATED.replace("{owner}", owner))
         db.execute("SELECT mailbox.enable_inbox_tracking('g', 'gated.inbox')")
         receive(db, "g", "m")
         control = connect(autocommit=False)
@@ -215,8 +189,7 @@ def test_a_claimer_whose_scan_predates_a_committed_lease_does_not_win_the_messag
         assert leases(db) == [("m", "A", True, False)]
     finally:
         db.execute("SELECT mailbox.drop_inbox('g', true)")
-        db.execute(f'DROP OWNED BY "{owner}" CASCADE')
-        db.execute(f'DROP ROLE "{owner}"')
+        drop_gated_table(db, owner)
 
 
 def test_workers_mixing_both_lease_paths_claim_every_message_once(q, connect):

@@ -10,7 +10,7 @@ import time
 
 import psycopg
 import pytest
-from mbx import raises, rows, scalar
+from mbx import drop_gated_table, make_gated_table, raises, rows, scalar
 
 # --------------------------------------------------------------------------- helpers
 
@@ -50,6 +50,28 @@ def heads(conn, inbox):
         (r[0], r[1])
         for r in rows(conn, f"SELECT aggregate_id, sequence_num FROM mailbox.next_{inbox}")
     )
+
+
+def hold_a2_after_a1(db, connect, inbox, visibility=30):
+    """Aggregate A of an ordered inbox: a1 received, claimed and processed, then a2 received
+    and claimed by the open transaction of the connection returned (a2 in flight, its lease
+    not committed yet)."""
+    receive(db, inbox, "a1", "A", 1)
+    receive(db, inbox, "a2", "A", 2)
+    assert claimed_ids(db, inbox, "w1") == ["a1"]
+    assert processed(db, inbox, "a1") is True
+    holder = connect(autocommit=False)
+    assert claimed_ids(holder, inbox, "w1", visibility=visibility) == ["a2"]
+    return holder
+
+
+def bring_back_a_lower_sequence(db, inbox, how):
+    """a1 is A's head again: replayed, or a late a1-again with sequence 1. Returns its id."""
+    if how == "replayed":
+        assert scalar(db, "SELECT mailbox.replay_inbox_messages(%s, ARRAY['a1'])", [inbox]) == 1
+        return "a1"
+    receive(db, inbox, "a1-again", "A", 1)
+    return "a1-again"
 
 
 def wait_until_blocked(db, pid, timeout=5.0):
@@ -444,18 +466,9 @@ def test_a_lower_sequence_waits_for_a_successor_held_by_an_open_claim(ev, connec
     lease is not visible to another worker yet, and a1 (replayed, or a late a1-again) is the
     head again meanwhile. The other worker must not get it until a2's claim ends (found by
     an adversarial review; before, it got a1 on both the walk and the arrival read)."""
-    receive(ev, "ev", "a1", "A", 1)
-    receive(ev, "ev", "a2", "A", 2)
-    assert claimed_ids(ev, "ev", "w1") == ["a1"]
-    assert processed(ev, "ev", "a1") is True
-    holder, other = connect(autocommit=False), connect(autocommit=False)
-    assert claimed_ids(holder, "ev", "w1") == ["a2"]  # open: a2 in flight, lease uncommitted
-    if how == "replayed":
-        assert scalar(ev, "SELECT mailbox.replay_inbox_messages('ev', ARRAY['a1'])") == 1
-        lower = "a1"
-    else:
-        receive(ev, "ev", "a1-again", "A", 1)
-        lower = "a1-again"
+    holder = hold_a2_after_a1(ev, connect, "ev")
+    other = connect(autocommit=False)
+    lower = bring_back_a_lower_sequence(ev, "ev", how)
     assert claimed_ids(other, "ev", "w2") == []
     other.commit()  # its row lock on the lower message ends with its transaction
     holder.commit()  # a2's lease is committed now, and still live
@@ -463,6 +476,94 @@ def test_a_lower_sequence_waits_for_a_successor_held_by_an_open_claim(ev, connec
     other.commit()
     assert processed(ev, "ev", "a2") is True
     assert claimed_ids(other, "ev", "w2") == [lower]
+    other.commit()
+
+
+@pytest.mark.parametrize("ended", ["expired", "retry_time"])
+def test_a_lease_that_ended_gives_its_aggregate_back(ev, connect, ended):
+    """docs/design.md §7.3: an ordered inbox's lease rows carry their aggregate, one row per
+    aggregate at most (the message in flight). a2's lease ends without a mark (it expires,
+    or a2 fails with a retry time); a1 is replayed and is A's head again. A claim must get
+    a1 (its row takes A over from a2's ended one), and a2 once a1 is done."""
+    holder = hold_a2_after_a1(ev, connect, "ev", visibility=1)
+    if ended == "retry_time":
+        assert failed(holder, "ev", "a2", delay=60) == "retry"
+    holder.commit()
+    assert scalar(ev, "SELECT aggregate_id FROM mailbox._inbox_lease WHERE event_id = 'a2'") == "A"
+    if ended == "expired":
+        time.sleep(1.1)
+    assert bring_back_a_lower_sequence(ev, "ev", "replayed") == "a1"
+    other = connect(autocommit=False)
+    assert claimed_ids(other, "ev", "w2") == ["a1"]
+    assert rows(other, "SELECT event_id FROM mailbox._inbox_lease WHERE aggregate_id = 'A'") == [
+        ("a1",)
+    ]
+    assert processed(other, "ev", "a1") is True
+    other.commit()
+    if ended == "expired":
+        assert claimed_ids(other, "ev", "w2") == ["a2"]
+        assert processed(other, "ev", "a2") is True
+        other.commit()
+    assert heads(ev, "ev") == ([] if ended == "expired" else [("A", 2)])
+
+
+@pytest.mark.parametrize("how", ["replayed", "late"])
+@pytest.mark.parametrize(
+    "isolation",
+    [psycopg.IsolationLevel.READ_COMMITTED, psycopg.IsolationLevel.REPEATABLE_READ],
+    ids=["read_committed", "repeatable_read"],
+)
+def test_a_lower_sequence_waits_for_a_successor_whose_claim_commits_during_the_scan(
+    db, connect, how, isolation
+):
+    """SPEC §3.2, one in flight per aggregate. The claim holding a2 commits (a2 stays
+    leased, unmarked) after the other worker's claim took its snapshot but before it takes
+    A's lock: that claim's scan sees a1 (replayed, or a late a1-again) as the head, since
+    a2's lease is not in its snapshot, and A's lock is free by then. It must still not get
+    a1 while a2's lease lives (found by the second review of the in-flight lock): in READ
+    COMMITTED it gets nothing (its upsert's snapshot sees the lease); under REPEATABLE READ,
+    where no statement of its transaction can, a serialization failure (40001) to retry."""
+    # the adopted table's owner stops the other claim in its scan at a1 or a1-again
+    owner = make_gated_table(db, "id LIKE 'a1%'", " aggregate_id text, sequence_num bigint,")
+    try:
+        gated_claim_meets_a_committed_successor(db, connect, how, isolation)
+    finally:
+        db.execute("SELECT mailbox.drop_inbox('g', true)")
+        drop_gated_table(db, owner)
+
+
+def gated_claim_meets_a_committed_successor(db, connect, how, isolation):
+    db.execute("SELECT mailbox.enable_inbox_tracking('g', 'gated.inbox')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('g')")
+    holder = hold_a2_after_a1(db, connect, "g")
+    lower = bring_back_a_lower_sequence(db, "g", how)
+    control = connect(autocommit=False)
+    control.execute("SELECT pg_advisory_lock(4242)")
+    other = connect(autocommit=False, application_name="gated")
+    other.isolation_level = isolation
+    got = {}
+
+    def run_other():
+        try:
+            got["ids"] = claimed_ids(other, "g", "w2")
+        except psycopg.errors.SerializationFailure as exc:
+            got["ids"] = exc.sqlstate
+
+    thread = threading.Thread(target=run_other, daemon=True)
+    thread.start()
+    wait_until_blocked(db, other.info.backend_pid)  # in its scan, past its snapshot
+    holder.commit()  # a2's lease is committed and live; A's lock is free
+    control.execute("SELECT pg_advisory_unlock(4242)")
+    control.commit()
+    thread.join(10)
+    assert not thread.is_alive(), "the gated claim did not finish"
+    other.rollback()
+    rc = isolation == psycopg.IsolationLevel.READ_COMMITTED
+    assert got["ids"] == ([] if rc else "40001")
+    assert claimed_ids(other, "g", "w2") == []  # retried: a2 is still in flight
+    other.rollback()
+    assert processed(db, "g", "a2") is True
+    assert claimed_ids(other, "g", "w2") == [lower]
     other.commit()
 
 
