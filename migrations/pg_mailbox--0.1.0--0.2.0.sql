@@ -5385,9 +5385,11 @@ BEGIN
         RETURN FALSE;
     END IF;
     -- its lease ends with it. A lease written after the lookup (the commit of another
-    -- worker's claim this mark waited for) stays until it expires: it holds nothing, as a
-    -- processed message is never claimed, counted in flight, or replayed with its lease
-    IF v_found.leased THEN
+    -- worker's claim this mark waited for) is seen by this later statement; only an ordered
+    -- inbox needs that (its lease rows carry the aggregate, which would hold the next head
+    -- back, part 37); elsewhere such a lease holds nothing until it expires, as a processed
+    -- message is never claimed, counted in flight, or replayed with its lease
+    IF v_found.leased OR v_inbox.ordering_first_sequence IS NOT NULL THEN
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
     END IF;
     -- the highest processed sequence: a replayed older message does not move it back, and a
@@ -7584,9 +7586,12 @@ $$;
 -- or REPEATABLE READ and SERIALIZABLE): the ids of p_rows it won. The upsert takes a message
 -- whose lease and retry time have passed; ON CONFLICT judges the latest committed lease row.
 -- An ordered inbox's leases carry their aggregate, at most one row per aggregate (a unique
--- index): the row of the message in flight. So, first, rows of these aggregates whose lease
--- ended (expired, or a failure's retry time) give their aggregate back; then the upsert
--- leaves out a message whose aggregate has another message with a live lease. In READ
+-- index): the row of the message in flight. So, first, other messages' rows of these
+-- aggregates whose lease ended (expired, or a failure's retry time) give their aggregate back
+-- (a claimed message's own row keeps it: the upsert sets it again, and a REPEATABLE READ
+-- claim would fail on a row maintenance deleted since its snapshot); then the upsert leaves
+-- out a message whose aggregate another message's row still carries: a live lease, or one
+-- that ended after the give-back's snapshot (it is claimable next time). In READ
 -- COMMITTED its snapshot is taken after inbox_claim holds the aggregates' locks, so it sees
 -- the lease of a claim that held one and committed since the claim's scan; under REPEATABLE
 -- READ it cannot, and that lease's row fails the unique index instead (inbox_claim turns
@@ -7607,6 +7612,7 @@ BEGIN
         UPDATE mailbox._inbox_lease AS o SET aggregate_id = NULL
          WHERE o.inbox_key = p_inbox.inbox_key
            AND o.aggregate_id = ANY (ARRAY(SELECT m.aggregate_id FROM pg_catalog.unnest(p_rows) AS m))
+           AND o.event_id <> ALL (ARRAY(SELECT m.event_id FROM pg_catalog.unnest(p_rows) AS m))
            AND (o.lease_until IS NULL OR o.lease_until <= p_now);
     END IF;
     WITH won AS (
@@ -7618,7 +7624,7 @@ BEGIN
          WHERE NOT v_ordered OR m.aggregate_id IS NULL
             OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS o
                             WHERE o.inbox_key = p_inbox.inbox_key AND o.aggregate_id = m.aggregate_id
-                              AND o.event_id <> m.event_id AND o.lease_until > p_now)
+                              AND o.event_id <> m.event_id)
             ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
            SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
                leased_by_pid = excluded.leased_by_pid, aggregate_id = excluded.aggregate_id

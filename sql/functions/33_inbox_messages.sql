@@ -295,9 +295,11 @@ BEGIN
         RETURN FALSE;
     END IF;
     -- its lease ends with it. A lease written after the lookup (the commit of another
-    -- worker's claim this mark waited for) stays until it expires: it holds nothing, as a
-    -- processed message is never claimed, counted in flight, or replayed with its lease
-    IF v_found.leased THEN
+    -- worker's claim this mark waited for) is seen by this later statement; only an ordered
+    -- inbox needs that (its lease rows carry the aggregate, which would hold the next head
+    -- back, part 37); elsewhere such a lease holds nothing until it expires, as a processed
+    -- message is never claimed, counted in flight, or replayed with its lease
+    IF v_found.leased OR v_inbox.ordering_first_sequence IS NOT NULL THEN
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
     END IF;
     -- the highest processed sequence: a replayed older message does not move it back, and a

@@ -507,6 +507,48 @@ def test_a_lease_that_ended_gives_its_aggregate_back(ev, connect, ended):
     assert heads(ev, "ev") == ([] if ended == "expired" else [("A", 2)])
 
 
+def test_a_lease_committed_while_its_mark_waited_does_not_hold_the_aggregate(ev, connect):
+    """docs/design.md §7.3 (found by the review of the aggregate's lease): W claims a1 and
+    stays open; another connection marks a1 processed, waiting for W's row lock; W commits,
+    so a1's lease (visibility an hour) is written after the mark looked for one. The mark
+    must still end it: that lease carries aggregate A, and would keep a2 from every claim
+    for the hour."""
+    receive(ev, "ev", "a1", "A", 1)
+    receive(ev, "ev", "a2", "A", 2)
+    holder = connect(autocommit=False)
+    assert claimed_ids(holder, "ev", "W", visibility=3600) == ["a1"]
+    marker = Background(connect(), "SELECT mailbox.inbox_mark_processed('ev', 'a1')")
+    wait_until_blocked(ev, marker.pid)
+    holder.commit()
+    assert marker.join() == (True, None)
+    assert rows(ev, "SELECT event_id FROM mailbox._inbox_lease") == []
+    assert claimed_ids(connect(), "ev", "C") == ["a2"]
+
+
+@pytest.mark.parametrize("ended", ["expired", "retry_time"])
+def test_a_repeatable_read_claim_after_maintenance_removed_the_heads_own_ended_lease(
+    ev, connect, ended
+):
+    """docs/design.md §7.3 (found by the same review): a1's own lease ended (it expired, or
+    its retry time came), and run_maintenance deletes that row after a REPEATABLE READ
+    worker's snapshot. Nothing claimed A meanwhile, so that worker's claim must get a1, not
+    a serialization failure."""
+    receive(ev, "ev", "a1", "A", 1)
+    w = connect(autocommit=False)
+    assert claimed_ids(w, "ev", "W", visibility=1) == ["a1"]
+    if ended == "retry_time":
+        assert failed(w, "ev", "a1", delay=1) == "retry"
+    w.commit()
+    time.sleep(1.2)
+    worker = connect(autocommit=False)
+    worker.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    worker.execute("SELECT 1")  # the transaction's snapshot
+    ev.execute("SELECT mailbox.run_maintenance()")
+    assert scalar(ev, "SELECT count(*) FROM mailbox._inbox_lease") == 0
+    assert claimed_ids(worker, "ev", "C") == ["a1"]
+    worker.commit()
+
+
 @pytest.mark.parametrize("how", ["replayed", "late"])
 @pytest.mark.parametrize(
     "isolation",
