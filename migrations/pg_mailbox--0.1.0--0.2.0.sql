@@ -5312,20 +5312,20 @@ BEGIN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                          WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
                                    pg_catalog.hashtext(v_inbox.inbox_key || '/' || m.aggregate_id)));
-        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-            BEGIN
-                v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
-            EXCEPTION WHEN unique_violation THEN
-                GET STACKED DIAGNOSTICS v_index = CONSTRAINT_NAME;
-                IF v_index IS DISTINCT FROM '_inbox_lease_aggregate_idx' THEN
-                    RAISE;
-                END IF;
-                RAISE EXCEPTION 'inbox %: another worker claimed a message of an aggregate this claim would take, after this transaction''s snapshot', v_inbox.inbox_name
-                    USING ERRCODE = '40001', HINT = 'Retry the transaction, or claim from an ordered inbox in READ COMMITTED.';
-            END;
-        END IF;
     END IF;
-    IF v_won IS NULL THEN
+    IF v_inbox.ordering_first_sequence IS NOT NULL
+       AND pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        BEGIN -- (a subtransaction: only where the unique index can decide)
+            v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
+        EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS v_index = CONSTRAINT_NAME;
+            IF v_index IS DISTINCT FROM '_inbox_lease_aggregate_idx' THEN
+                RAISE;
+            END IF;
+            RAISE EXCEPTION 'inbox %: another worker claimed a message of an aggregate this claim would take, after this transaction''s snapshot', v_inbox.inbox_name
+                USING ERRCODE = '40001', HINT = 'Retry the transaction, or claim from an ordered inbox in READ COMMITTED.';
+        END;
+    ELSE
         v_won := mailbox._inbox_claim_leases(v_inbox, v_rows, p_worker, v_now, v_until);
     END IF;
     RETURN QUERY
