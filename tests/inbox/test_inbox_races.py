@@ -609,6 +609,58 @@ def gated_claim_meets_a_committed_successor(db, connect, how, isolation):
     other.commit()
 
 
+def test_a_holder_lease_that_ends_during_the_give_back_leaves_the_message_out(db, connect):
+    """docs/design.md §7.3 (found by the review of the aggregate's lease; before, a raw
+    23505 in READ COMMITTED). The other claim's scan predates the holder's commit of a2 (the
+    gate), so it takes a1 and, on aggregate B, the late b1-again. Its give-back sees a2's
+    lease live and leaves it, then waits for b2's expired lease row, which an open
+    maintenance run is deleting. Meanwhile the holder fails a2 with a retry time: a2's row
+    still carries A, its lease ended. The claim must leave a1 out, not fail."""
+    owner = make_gated_table(db, "id LIKE 'a1%'", " aggregate_id text, sequence_num bigint,")
+    try:
+        db.execute("SELECT mailbox.enable_inbox_tracking('g', 'gated.inbox')")
+        db.execute("SELECT mailbox.enable_inbox_ordering('g')")
+        receive(db, "g", "a1", "A", 1)
+        receive(db, "g", "b1", "B", 1)
+        assert claimed_ids(db, "g", "w0") == ["a1", "b1"]
+        assert processed(db, "g", "a1") and processed(db, "g", "b1")
+        receive(db, "g", "a2", "A", 2)
+        holder = connect(autocommit=False)
+        assert claimed_ids(holder, "g", "H", visibility=300) == ["a2"]
+        receive(db, "g", "b2", "B", 2)
+        assert claimed_ids(db, "g", "w0", visibility=1) == ["b2"]
+        assert scalar(db, "SELECT mailbox.replay_inbox_messages('g', ARRAY['a1'])") == 1
+        receive(db, "g", "b1-again", "B", 1)
+        time.sleep(1.1)  # b2's lease ended; its row still carries B
+        maintenance = connect(autocommit=False)
+        maintenance.execute("SELECT mailbox.run_maintenance()")  # open: holds b2's lease row
+        control = connect(autocommit=False)
+        control.execute("SELECT pg_advisory_lock(4242)")
+        other = Background(
+            connect(application_name="gated"),
+            "SELECT array_agg(event_id ORDER BY event_id) FROM mailbox.inbox_claim('g', 'C')",
+        )
+        wait_until_blocked(db, other.pid)  # in its scan, at a1
+        holder.commit()  # a2 leased and live, A's lock free
+        control.execute("SELECT pg_advisory_unlock(4242)")
+        control.commit()
+        deadline = time.monotonic() + 5
+        while scalar(db, "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [other.pid]) != (
+            "transactionid"
+        ):  # the give-back waits for b2's row
+            assert time.monotonic() < deadline, "the claim never waited for b2's row"
+            time.sleep(0.02)
+        assert failed(holder, "g", "a2", delay=60) == "retry"
+        holder.commit()
+        maintenance.commit()
+        value, error = other.join()
+        assert error is None, error
+        assert value == ["b1-again"]
+    finally:
+        db.execute("SELECT mailbox.drop_inbox('g', true)")
+        drop_gated_table(db, owner)
+
+
 def test_enabling_ordering_on_an_inbox_with_processed_history_continues_after_it(db):
     """SPEC §3.2: next_<inbox> shows, per aggregate, the pending message whose sequence is
     *last processed + 1* (p_first_sequence only for a *new* aggregate). Aggregate A has
