@@ -87,6 +87,54 @@ BEGIN
 END
 $$;
 
+-- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
+-- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
+-- leased while ordering was off let a1 be claimed beside it once ordering was on. For each
+-- aggregate with a live lease on a pending message, one lease row of no message (its id
+-- chr(1) || 'in flight before ordering: ' || md5(aggregate), its holder
+-- 'enable_inbox_ordering') now carries the aggregate until the last of those leases ends:
+-- every ordered claim leaves out a message whose aggregate another message's row carries,
+-- and gives the aggregate back from it once it has ended (part 37, _inbox_claim_leases). The
+-- hold lasts to that lease end even if the messages are processed sooner. Every lease is
+-- seen: enable_inbox_ordering first waits for the open claims of the inbox (their leases are
+-- written at commit), and the caller's own are settled here. Aggregates that leases carried
+-- in an earlier ordered period, or under another mapping, are cleared first. A row that
+-- already has a marker's id (only a message received under that id) is left alone. The
+-- leases' messages are read with the table owner's rights; what comes back is data for this
+-- inbox's own key only. docs/inbox-ordering.md.
+CREATE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+BEGIN
+    -- this transaction's own open claims of the inbox (the only ones it can see) lease now
+    PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
+      WHERE o.inbox_key = p_inbox.inbox_key;
+    UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
+     WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
+    INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, aggregate_id)
+    SELECT p_inbox.inbox_key, pg_catalog.chr(1) || 'in flight before ordering: ' || pg_catalog.md5(h.agg),
+           h.until, 'enable_inbox_ordering', h.agg
+      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''agg'', h.agg, ''until'', h.until)),'
+        ' ''[]'') FROM (SELECT %1$s::pg_catalog.text AS agg, pg_catalog.max(l.lease_until) AS until'
+        ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
+        ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
+        ' GROUP BY 1) AS h',
+        mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
+        p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
+        CASE WHEN p_inbox.casts ? 'event_id'
+             THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
+             ELSE 'l.event_id' END,
+        mailbox._inbox_col(c, 'processed_at')))) AS h (agg text, until timestamptz)
+     ORDER BY h.agg
+        ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO NOTHING;
+END
+$$;
+
 CREATE FUNCTION mailbox.enable_inbox_ordering(
     p_inbox text,
     p_aggregate_id_col text DEFAULT 'aggregate_id',
@@ -106,6 +154,9 @@ BEGIN
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
     PERFORM mailbox._inbox_check_table(v_old);
+    -- wait for the transactions that claimed from (or wrote to) the inbox: an open claim's
+    -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
+    EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
     IF v_old.priority_tiers IS NOT NULL THEN
         PERFORM mailbox._inbox_conflict(p_inbox);
     END IF;
@@ -122,6 +173,7 @@ BEGIN
      WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);
     PERFORM mailbox._inbox_reconfigure(v_old, v_new);
+    PERFORM mailbox._inbox_hold_in_flight(v_new);
 END
 $$;
 COMMENT ON FUNCTION mailbox.enable_inbox_ordering(text, text, text, bigint) IS

@@ -153,6 +153,27 @@ def test_ordering_on_an_adopted_table_with_other_column_names(legacy):
     assert scalar(db, "SELECT mailbox.inbox_health('legacy_in')")["gap_count"] == 1
 
 
+def test_enabling_ordering_holds_a_stream_with_a_message_in_flight(legacy):
+    """docs/inbox-ordering.md (enabling on a live inbox): position 3 of stream s1 was claimed
+    before ordering; once ordering is on, position 1 is s1's head but waits while 3 is in
+    flight. Through the column mapping and the uuid id (leases key it by its text)."""
+    db = legacy
+    for pos in (3, 1):
+        db.execute(
+            """INSERT INTO legacy.incoming_messages (msg_id, body, stream, position)
+                      VALUES (gen_random_uuid(), '{}', 's1', %s)""",
+            [pos],
+        )
+    claim = "SELECT aggregate_id, sequence_num FROM mailbox.inbox_claim('legacy_in', 'w', %s)"
+    (m,) = rows(db, claim, [1])
+    assert m == (None, None)  # not mapped before ordering
+    db.execute("SELECT mailbox.enable_inbox_ordering('legacy_in', 'stream', 'position')")
+    assert [r[0] for r in rows(db, "SELECT position FROM legacy.next_legacy_in")] == [1]
+    assert rows(db, claim, [10]) == []
+    held = "SELECT aggregate_id, leased_by FROM mailbox._inbox_lease WHERE aggregate_id IS NOT NULL"
+    assert rows(db, held) == [("s1", "enable_inbox_ordering")]
+
+
 def test_adoption_errors(db):
     db.execute(LEGACY)
     base = (

@@ -681,6 +681,54 @@ def test_enabling_ordering_on_an_inbox_with_processed_history_continues_after_it
     assert claimed_ids(db, "h") == ["a4"]
 
 
+@pytest.mark.parametrize("in_flight", ["one", "two"])
+def test_enabling_ordering_holds_an_aggregate_with_a_message_in_flight(db, connect, in_flight):
+    """SPEC §3.2 (at most one message of an aggregate in flight) across enable_inbox_ordering:
+    a3 (and a4) were claimed while the inbox was unordered, so their leases carry no
+    aggregate; once ordering is on, a1 is A's head. No claim may take it while a3 or a4 is in
+    flight (before, one did: the claim's walk reads leases only up to the head,
+    docs/design.md §7.3). B has nothing in flight and is claimed as usual; A's hold ends with
+    the last of its leases."""
+    two = in_flight == "two"
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a3", "A", 3)
+    if two:
+        receive(db, "h", "a4", "A", 4)
+    receive(db, "h", "a1", "A", 1)
+    receive(db, "h", "b1", "B", 1)
+    assert claimed_ids(db, "h", "w1", batch=1, visibility=30 if two else 2) == ["a3"]
+    if two:
+        assert claimed_ids(db, "h", "w2", batch=1, visibility=2) == ["a4"]
+    db.execute("SELECT mailbox.enable_inbox_ordering('h')")
+    assert claimed_ids(connect(), "h", "w3") == ["b1"]
+    time.sleep(2.1)  # the 2 s lease has ended; with two in flight, a3's runs on
+    assert claimed_ids(connect(), "h", "w3") == ([] if two else ["a1"])
+
+
+@pytest.mark.parametrize("enabled_by", ["another_transaction", "the_claiming_transaction"])
+def test_enabling_ordering_waits_for_an_open_claim_and_holds_its_aggregate(db, connect, enabled_by):
+    """As above, with a3 claimed by a transaction still open when ordering is enabled: an
+    unordered claim's lease is written at its commit (docs/design.md §7.1), so
+    enable_inbox_ordering must wait for it (or, in the claiming transaction itself, settle
+    it), then hold A while a3 is in flight."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a3", "A", 3)
+    receive(db, "h", "a1", "A", 1)
+    holder = connect(autocommit=False)
+    assert claimed_ids(holder, "h", "w1", batch=1) == ["a3"]
+    if enabled_by == "the_claiming_transaction":
+        holder.execute("SELECT mailbox.enable_inbox_ordering('h')")
+        holder.commit()
+    else:
+        enabler = Background(connect(), "SELECT mailbox.enable_inbox_ordering('h')")
+        wait_until_blocked(db, enabler.pid)
+        holder.commit()
+        assert enabler.join()[1] is None
+    assert claimed_ids(connect(), "h", "w2") == []
+    assert processed(db, "h", "a3") is True
+    assert claimed_ids(connect(), "h", "w2") == []  # held until a3's lease would have ended
+
+
 def test_disable_then_enable_ordering_keeps_each_aggregates_position(ev):
     """SPEC §3.2 (last processed + 1; p_first_sequence only for a new aggregate): A has
     processed 1 and 2, 3 is pending; ordering is switched off and on again (no message
