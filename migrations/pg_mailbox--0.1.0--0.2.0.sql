@@ -5093,19 +5093,17 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 -- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
 -- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
 -- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (data, only ever bind parameters, and only for this inbox's key). The
--- hot path inlines the catalog lookup and argument checks (each nested helper call with a SET
--- clause costs a GUC save and restore) and calls the helpers only to raise their errors.
--- Leases and retry times live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
+-- from what they return (bind parameters only, for this inbox's key only). The hot path
+-- inlines the catalog lookup and argument checks (a nested helper with a SET clause costs a
+-- GUC save and restore) and calls the helpers only to raise their errors. Leases and retry
+-- times live in mailbox._inbox_lease (part 30; docs/design.md §7.1: why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
--- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
--- took the old name; the hot path inlines that check (one name lookup):
---   * a claim locks candidate rows FOR UPDATE SKIP LOCKED, then upserts their lease rows;
---     the upsert only takes a row whose lease and retry time have passed, and ON CONFLICT
---     always sees the latest committed lease, so two claimers never both win a message;
---   * claim, business logic and mark in one transaction: the row lock keeps other workers
---     off the message until commit, and a crash rolls the lease back with everything else.
--- Receivers notify only while a worker waits (part 33, wake-ups).
+-- (table_rel): a renamed table is refused (55000), never silently replaced by whatever took
+-- the old name. A claim locks candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted
+-- from the latest committed lease rows, so two claimers never both win a message. Claim,
+-- business logic and mark in one transaction: the row lock keeps other workers off the
+-- message until commit, and a crash rolls the lease back with everything else. Receivers
+-- notify only while a worker waits (part 33, wake-ups).
 
 CREATE OR REPLACE FUNCTION mailbox.inbox_receive(
     p_inbox text,
@@ -5216,6 +5214,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
+    v_again record;
     v_now timestamptz;
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
@@ -5223,11 +5222,9 @@ DECLARE
     v_won text[];
     v_index text;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether this
-    -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
-    -- has a lease row at all; whether this connection waits for a wake-up (part 33, wake-ups)
+    -- one statement, as in inbox_receive; also whether this transaction has an open claim of
+    -- the inbox (part 37, claim settle), whether the inbox has a lease row at all, and whether
+    -- this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -5277,7 +5274,14 @@ BEGIN
     -- for any of these rows: one index probe then stands for the per-row re-read.
     IF v_inbox.ordering_first_sequence IS NULL
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        IF EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) THEN
+        -- (and a configuration change that committed while step 1 waited: part 37)
+        SELECT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) AS leased,
+               mailbox._inbox_changed(v_inbox) AS changed
+          INTO v_again;
+        IF v_again.changed THEN
+            PERFORM mailbox._inbox_refuse_changed(v_inbox);
+        END IF;
+        IF v_again.leased THEN
             -- (a filtered scan of the array keeps its order)
             v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                              WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
@@ -5308,6 +5312,9 @@ BEGIN
     -- 05) and drops a message whose aggregate another open claim holds; one that committed
     -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
     -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' AND mailbox._inbox_changed(v_inbox) THEN
+        PERFORM mailbox._inbox_refuse_changed(v_inbox); -- (as in 2a)
+    END IF;
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                          WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
@@ -5354,10 +5361,8 @@ DECLARE
     v_found record;
     v_done mailbox._inbox_done;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether the
-    -- message has a lease row (a claim of this transaction has none, part 37, claim settle)
+    -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
+    -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -5423,9 +5428,7 @@ DECLARE
     v_found record;
     v_delay int := p_retry_after_seconds;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name
+    -- one statement, as in inbox_receive
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -6096,19 +6099,20 @@ $$;
 
 -- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
 -- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
--- leased while ordering was off let a1 be claimed beside it once ordering was on. For each
--- aggregate with a live lease on a pending message, one lease row of no message (its id
--- chr(1) || 'in flight before ordering: ' || md5(aggregate), its holder
--- 'enable_inbox_ordering') now carries the aggregate until the last of those leases ends:
--- every ordered claim leaves out a message whose aggregate another message's row carries,
--- and gives the aggregate back from it once it has ended (part 37, _inbox_claim_leases). The
--- hold lasts to that lease end even if the messages are processed sooner. Every lease is
--- seen: enable_inbox_ordering first waits for the open claims of the inbox (their leases are
--- written at commit), and the caller's own are settled here. Aggregates that leases carried
--- in an earlier ordered period, or under another mapping, are cleared first. A row that
--- already has a marker's id (only a message received under that id) is left alone. The
--- leases' messages are read with the table owner's rights; what comes back is data for this
--- inbox's own key only. docs/inbox-ordering.md.
+-- leased while ordering was off let a1 be claimed beside it once ordering was on. Now, for each
+-- aggregate with a live lease on a pending message, the lease of the highest sequence carries
+-- the aggregate (one row per aggregate: the unique index), lasting until the last of the
+-- aggregate's leases ends. Every ordered claim leaves out a message whose aggregate another
+-- message's row carries, and gives the aggregate back once that lease has ended (part 37,
+-- _inbox_claim_leases). Processing the carrier ends it too, but raises last_seq to at least
+-- every other sequence in flight, and a head whose aggregate has a message in flight up to
+-- last_seq + 1 is never claimed (part 35, builders). Only the carrier failing (a retry time)
+-- frees the aggregate while others of it still run (docs/design.md §7.3). Every lease is
+-- seen: enable_inbox_ordering runs in READ COMMITTED and first waits for the open claims of
+-- the inbox (their leases are written at commit); the caller's own are settled here.
+-- Aggregates that rows carried in an earlier ordered period, or under another mapping, are
+-- cleared first. The leases' messages are read with the table owner's rights; what comes
+-- back is ids, aggregates and times of this inbox.
 CREATE OR REPLACE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -6122,23 +6126,21 @@ BEGIN
       WHERE o.inbox_key = p_inbox.inbox_key;
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
      WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
-    INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, aggregate_id)
-    SELECT p_inbox.inbox_key, pg_catalog.chr(1) || 'in flight before ordering: ' || pg_catalog.md5(h.agg),
-           h.until, 'enable_inbox_ordering', h.agg
+    UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
       FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''agg'', h.agg, ''until'', h.until)),'
-        ' ''[]'') FROM (SELECT %1$s::pg_catalog.text AS agg, pg_catalog.max(l.lease_until) AS until'
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''id'', h.id, ''agg'', h.agg,'
+        ' ''until'', h.until)), ''[]'') FROM (SELECT DISTINCT ON (1) %1$s::pg_catalog.text AS agg, l.event_id AS id,'
+        ' pg_catalog.max(l.lease_until) OVER (PARTITION BY %1$s) AS until'
         ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
         ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
-        ' GROUP BY 1) AS h',
+        ' ORDER BY 1, %8$s DESC NULLS LAST, l.event_id) AS h',
         mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
         p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
         CASE WHEN p_inbox.casts ? 'event_id'
              THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
              ELSE 'l.event_id' END,
-        mailbox._inbox_col(c, 'processed_at')))) AS h (agg text, until timestamptz)
-     ORDER BY h.agg
-        ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO NOTHING;
+        mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
+     WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
 END
 $$;
 
@@ -6158,12 +6160,18 @@ DECLARE
     v_new mailbox._inbox;
 BEGIN
     PERFORM mailbox._require(p_first_sequence, 'p_first_sequence');
+    -- _inbox_hold_in_flight below must see the leases of claims that commit while this waits
+    -- for them, which a REPEATABLE READ or SERIALIZABLE snapshot cannot
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'enable_inbox_ordering must run in READ COMMITTED, not %',
+                        pg_catalog.current_setting('transaction_isolation')
+            USING ERRCODE = '55000',
+                  DETAIL = 'It waits for the inbox''s open claims and then reads the leases they wrote.',
+                  HINT = 'Run it in a READ COMMITTED transaction: SET TRANSACTION ISOLATION LEVEL READ COMMITTED first, or SET default_transaction_isolation = ''read committed''.';
+    END IF;
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
     PERFORM mailbox._inbox_check_table(v_old);
-    -- wait for the transactions that claimed from (or wrote to) the inbox: an open claim's
-    -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
-    EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
     IF v_old.priority_tiers IS NOT NULL THEN
         PERFORM mailbox._inbox_conflict(p_inbox);
     END IF;
@@ -6176,6 +6184,10 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Aggregate id and sequence number need their own columns.';
     END IF;
     v_new.ordering_first_sequence := p_first_sequence;
+    -- wait for the transactions that claimed from (or wrote to) the inbox: an open claim's
+    -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
+    -- (after the checks above, so a refused call never waits)
+    EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
     UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
      WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);
@@ -7686,6 +7698,39 @@ BEGIN
     )
     SELECT pg_catalog.array_agg(won.event_id) INTO v_won FROM won;
     RETURN coalesce(v_won, '{}');
+END
+$$;
+
+-- Whether the inbox's configuration (ordering, column mapping, priority) differs from
+-- p_inbox, the catalog row inbox_claim looked up. In READ COMMITTED, asked after the claim's
+-- scan (a later statement, so a newer snapshot), it tells a claim that ran the old
+-- configuration's generated code: one that looked the inbox up before a change committed and
+-- then waited for the change's lock (enable_inbox_ordering's on the table) before it scanned.
+-- Such a claim must not hand out what it found (docs/inbox-ordering.md, switching while
+-- workers run).
+CREATE OR REPLACE FUNCTION mailbox._inbox_changed(p_inbox mailbox._inbox)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM mailbox._inbox AS i
+                    WHERE i.inbox_key = p_inbox.inbox_key
+                      AND (i.ordering_first_sequence, i.columns, i.priority_tiers)
+                          IS DISTINCT FROM (p_inbox.ordering_first_sequence, p_inbox.columns, p_inbox.priority_tiers));
+$$;
+
+-- The error of a claim that _inbox_changed caught (the generated functions raise the same one
+-- when their own check, before they run, finds the change).
+CREATE OR REPLACE FUNCTION mailbox._inbox_refuse_changed(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', p_inbox.inbox_name
+        USING ERRCODE = '40001',
+              DETAIL = 'This claim read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+              HINT = 'Retry the transaction: the next one uses the new configuration.';
 END
 $$;
 

@@ -3,19 +3,17 @@
 -- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
 -- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
 -- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (data, only ever bind parameters, and only for this inbox's key). The
--- hot path inlines the catalog lookup and argument checks (each nested helper call with a SET
--- clause costs a GUC save and restore) and calls the helpers only to raise their errors.
--- Leases and retry times live in mailbox._inbox_lease (see part 30 and docs/design.md §7.1 for why a claim is safe).
+-- from what they return (bind parameters only, for this inbox's key only). The hot path
+-- inlines the catalog lookup and argument checks (a nested helper with a SET clause costs a
+-- GUC save and restore) and calls the helpers only to raise their errors. Leases and retry
+-- times live in mailbox._inbox_lease (part 30; docs/design.md §7.1: why a claim is safe).
 -- Every function checks that the inbox's stored table name still names its table
--- (table_rel), so a renamed table is refused (55000) instead of silently replaced by whatever
--- took the old name; the hot path inlines that check (one name lookup):
---   * a claim locks candidate rows FOR UPDATE SKIP LOCKED, then upserts their lease rows;
---     the upsert only takes a row whose lease and retry time have passed, and ON CONFLICT
---     always sees the latest committed lease, so two claimers never both win a message;
---   * claim, business logic and mark in one transaction: the row lock keeps other workers
---     off the message until commit, and a crash rolls the lease back with everything else.
--- Receivers notify only while a worker waits (part 33, wake-ups).
+-- (table_rel): a renamed table is refused (55000), never silently replaced by whatever took
+-- the old name. A claim locks candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted
+-- from the latest committed lease rows, so two claimers never both win a message. Claim,
+-- business logic and mark in one transaction: the row lock keeps other workers off the
+-- message until commit, and a crash rolls the lease back with everything else. Receivers
+-- notify only while a worker waits (part 33, wake-ups).
 
 CREATE FUNCTION mailbox.inbox_receive(
     p_inbox text,
@@ -126,6 +124,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
+    v_again record;
     v_now timestamptz;
     v_until timestamptz;
     v_rows mailbox._inbox_message[];
@@ -133,11 +132,9 @@ DECLARE
     v_won text[];
     v_index text;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether this
-    -- transaction has an open claim of the inbox (part 37, claim settle); whether the inbox
-    -- has a lease row at all; whether this connection waits for a wake-up (part 33, wake-ups)
+    -- one statement, as in inbox_receive; also whether this transaction has an open claim of
+    -- the inbox (part 37, claim settle), whether the inbox has a lease row at all, and whether
+    -- this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -187,7 +184,14 @@ BEGIN
     -- for any of these rows: one index probe then stands for the per-row re-read.
     IF v_inbox.ordering_first_sequence IS NULL
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
-        IF EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) THEN
+        -- (and a configuration change that committed while step 1 waited: part 37)
+        SELECT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) AS leased,
+               mailbox._inbox_changed(v_inbox) AS changed
+          INTO v_again;
+        IF v_again.changed THEN
+            PERFORM mailbox._inbox_refuse_changed(v_inbox);
+        END IF;
+        IF v_again.leased THEN
             -- (a filtered scan of the array keeps its order)
             v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                              WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
@@ -218,6 +222,9 @@ BEGIN
     -- 05) and drops a message whose aggregate another open claim holds; one that committed
     -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
     -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' AND mailbox._inbox_changed(v_inbox) THEN
+        PERFORM mailbox._inbox_refuse_changed(v_inbox); -- (as in 2a)
+    END IF;
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                          WHERE pg_catalog.pg_try_advisory_xact_lock(7168636,
@@ -264,10 +271,8 @@ DECLARE
     v_found record;
     v_done mailbox._inbox_done;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether the
-    -- message has a lease row (a claim of this transaction has none, part 37, claim settle)
+    -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
+    -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -333,9 +338,7 @@ DECLARE
     v_found record;
     v_delay int := p_retry_after_seconds;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name
+    -- one statement, as in inbox_receive
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))

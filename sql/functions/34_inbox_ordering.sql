@@ -89,19 +89,20 @@ $$;
 
 -- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
 -- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
--- leased while ordering was off let a1 be claimed beside it once ordering was on. For each
--- aggregate with a live lease on a pending message, one lease row of no message (its id
--- chr(1) || 'in flight before ordering: ' || md5(aggregate), its holder
--- 'enable_inbox_ordering') now carries the aggregate until the last of those leases ends:
--- every ordered claim leaves out a message whose aggregate another message's row carries,
--- and gives the aggregate back from it once it has ended (part 37, _inbox_claim_leases). The
--- hold lasts to that lease end even if the messages are processed sooner. Every lease is
--- seen: enable_inbox_ordering first waits for the open claims of the inbox (their leases are
--- written at commit), and the caller's own are settled here. Aggregates that leases carried
--- in an earlier ordered period, or under another mapping, are cleared first. A row that
--- already has a marker's id (only a message received under that id) is left alone. The
--- leases' messages are read with the table owner's rights; what comes back is data for this
--- inbox's own key only. docs/inbox-ordering.md.
+-- leased while ordering was off let a1 be claimed beside it once ordering was on. Now, for each
+-- aggregate with a live lease on a pending message, the lease of the highest sequence carries
+-- the aggregate (one row per aggregate: the unique index), lasting until the last of the
+-- aggregate's leases ends. Every ordered claim leaves out a message whose aggregate another
+-- message's row carries, and gives the aggregate back once that lease has ended (part 37,
+-- _inbox_claim_leases). Processing the carrier ends it too, but raises last_seq to at least
+-- every other sequence in flight, and a head whose aggregate has a message in flight up to
+-- last_seq + 1 is never claimed (part 35, builders). Only the carrier failing (a retry time)
+-- frees the aggregate while others of it still run (docs/design.md §7.3). Every lease is
+-- seen: enable_inbox_ordering runs in READ COMMITTED and first waits for the open claims of
+-- the inbox (their leases are written at commit); the caller's own are settled here.
+-- Aggregates that rows carried in an earlier ordered period, or under another mapping, are
+-- cleared first. The leases' messages are read with the table owner's rights; what comes
+-- back is ids, aggregates and times of this inbox.
 CREATE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -115,23 +116,21 @@ BEGIN
       WHERE o.inbox_key = p_inbox.inbox_key;
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
      WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
-    INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, aggregate_id)
-    SELECT p_inbox.inbox_key, pg_catalog.chr(1) || 'in flight before ordering: ' || pg_catalog.md5(h.agg),
-           h.until, 'enable_inbox_ordering', h.agg
+    UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
       FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''agg'', h.agg, ''until'', h.until)),'
-        ' ''[]'') FROM (SELECT %1$s::pg_catalog.text AS agg, pg_catalog.max(l.lease_until) AS until'
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''id'', h.id, ''agg'', h.agg,'
+        ' ''until'', h.until)), ''[]'') FROM (SELECT DISTINCT ON (1) %1$s::pg_catalog.text AS agg, l.event_id AS id,'
+        ' pg_catalog.max(l.lease_until) OVER (PARTITION BY %1$s) AS until'
         ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
         ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
-        ' GROUP BY 1) AS h',
+        ' ORDER BY 1, %8$s DESC NULLS LAST, l.event_id) AS h',
         mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
         p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
         CASE WHEN p_inbox.casts ? 'event_id'
              THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
              ELSE 'l.event_id' END,
-        mailbox._inbox_col(c, 'processed_at')))) AS h (agg text, until timestamptz)
-     ORDER BY h.agg
-        ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO NOTHING;
+        mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
+     WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
 END
 $$;
 
@@ -151,12 +150,18 @@ DECLARE
     v_new mailbox._inbox;
 BEGIN
     PERFORM mailbox._require(p_first_sequence, 'p_first_sequence');
+    -- _inbox_hold_in_flight below must see the leases of claims that commit while this waits
+    -- for them, which a REPEATABLE READ or SERIALIZABLE snapshot cannot
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'enable_inbox_ordering must run in READ COMMITTED, not %',
+                        pg_catalog.current_setting('transaction_isolation')
+            USING ERRCODE = '55000',
+                  DETAIL = 'It waits for the inbox''s open claims and then reads the leases they wrote.',
+                  HINT = 'Run it in a READ COMMITTED transaction: SET TRANSACTION ISOLATION LEVEL READ COMMITTED first, or SET default_transaction_isolation = ''read committed''.';
+    END IF;
     PERFORM mailbox._ddl_lock();
     v_old := mailbox._inbox_get(p_inbox);
     PERFORM mailbox._inbox_check_table(v_old);
-    -- wait for the transactions that claimed from (or wrote to) the inbox: an open claim's
-    -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
-    EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
     IF v_old.priority_tiers IS NOT NULL THEN
         PERFORM mailbox._inbox_conflict(p_inbox);
     END IF;
@@ -169,6 +174,10 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Aggregate id and sequence number need their own columns.';
     END IF;
     v_new.ordering_first_sequence := p_first_sequence;
+    -- wait for the transactions that claimed from (or wrote to) the inbox: an open claim's
+    -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
+    -- (after the checks above, so a refused call never waits)
+    EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
     UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
      WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);

@@ -164,14 +164,19 @@ def test_enabling_ordering_holds_a_stream_with_a_message_in_flight(legacy):
                       VALUES (gen_random_uuid(), '{}', 's1', %s)""",
             [pos],
         )
-    claim = "SELECT aggregate_id, sequence_num FROM mailbox.inbox_claim('legacy_in', 'w', %s)"
-    (m,) = rows(db, claim, [1])
-    assert m == (None, None)  # not mapped before ordering
+    claim = (
+        "SELECT event_id, aggregate_id, sequence_num FROM mailbox.inbox_claim('legacy_in', 'w', %s)"
+    )
+    ((m_id, *m),) = rows(db, claim, [1])
+    assert m == [None, None]  # not mapped before ordering
     db.execute("SELECT mailbox.enable_inbox_ordering('legacy_in', 'stream', 'position')")
     assert [r[0] for r in rows(db, "SELECT position FROM legacy.next_legacy_in")] == [1]
     assert rows(db, claim, [10]) == []
-    held = "SELECT aggregate_id, leased_by FROM mailbox._inbox_lease WHERE aggregate_id IS NOT NULL"
-    assert rows(db, held) == [("s1", "enable_inbox_ordering")]
+    held = "SELECT event_id, aggregate_id FROM mailbox._inbox_lease WHERE aggregate_id IS NOT NULL"
+    assert rows(db, held) == [(m_id, "s1")]  # the in-flight message's lease carries s1
+    assert scalar(db, "SELECT mailbox.inbox_health('legacy_in') -> 'in_flight_count'") == 1
+    db.execute("SELECT mailbox.inbox_mark_processed('legacy_in', %s)", [m_id])
+    assert [r[2] for r in rows(db, claim, [10])] == [1]
 
 
 def test_adoption_errors(db):
