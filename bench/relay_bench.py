@@ -146,43 +146,49 @@ def relay_cell(dsn: str, db, kind: str, batch: int, relays: int, rows: int, tmp:
     procs, errs = [], []
     try:
         for i in range(relays):
-            err = open(os.path.join(tmp, f"{target}_{i}.err"), "w+b")  # noqa: SIM115
-            errs.append(err)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pg_mailbox",
-                        "relay",
-                        "--dsn",
-                        dsn,
-                        "--group",
-                        group,
-                        "--consumer",
-                        f"r{i}",
-                        "--sink",
-                        sink_url(kind, target),
-                        "--batch-size",
-                        str(batch),
-                        "--log-format",
-                        "json",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
+            # the relay appends (O_APPEND) through a descriptor of its own: a file object
+            # shared with this process would share its offset, and our seek to read would
+            # make the relay overwrite its log from the start
+            errs.append(os.path.join(tmp, f"{target}_{i}.err"))
+            with open(errs[-1], "ab") as err:
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "pg_mailbox",
+                            "relay",
+                            "--dsn",
+                            dsn,
+                            "--group",
+                            group,
+                            "--consumer",
+                            f"r{i}",
+                            "--sink",
+                            sink_url(kind, target),
+                            "--batch-size",
+                            str(batch),
+                            "--log-format",
+                            "json",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    )
                 )
-            )
         starts: list[float] = []
         while len(starts) < relays:
             starts = []
-            for err in errs:
-                err.seek(0)
-                for line in err.read().decode().splitlines():
-                    ev = json.loads(line)
-                    if ev.get("event") == "started":
-                        starts.append(ev["ts"])
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"relay exited: {err.read().decode()[-2000:]}")
+            for path in errs:
+                with open(path, "rb") as err:
+                    # complete lines only: the last one may still be being written
+                    for line in err.read().decode(errors="replace").split("\n")[:-1]:
+                        ev = json.loads(line)
+                        if ev.get("event") == "started":
+                            starts.append(ev["ts"])
+            for p, path in zip(procs, errs, strict=True):
+                if p.poll() is not None:
+                    with open(path, "rb") as err:
+                        raise RuntimeError(f"relay exited: {err.read().decode()[-2000:]}")
             time.sleep(0.01)
         while group_offset(db, group) < rows:
             time.sleep(0.01)
