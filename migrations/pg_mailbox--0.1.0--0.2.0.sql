@@ -5276,10 +5276,12 @@ BEGIN
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
         -- (and a configuration change that committed while step 1 waited: part 37)
         SELECT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) AS leased,
-               mailbox._inbox_changed(v_inbox) AS changed
+               EXISTS (SELECT 1 FROM mailbox._inbox AS i WHERE i.inbox_key = v_inbox.inbox_key
+                          AND (i.ordering_first_sequence, i.columns, i.priority_tiers) IS DISTINCT FROM
+                              (v_inbox.ordering_first_sequence, v_inbox.columns, v_inbox.priority_tiers)) AS changed
           INTO v_again;
         IF v_again.changed THEN
-            PERFORM mailbox._inbox_refuse_changed(v_inbox);
+            PERFORM mailbox._inbox_check_unchanged(v_inbox); -- raises 40001
         END IF;
         IF v_again.leased THEN
             -- (a filtered scan of the array keeps its order)
@@ -5312,8 +5314,8 @@ BEGIN
     -- 05) and drops a message whose aggregate another open claim holds; one that committed
     -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
     -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
-    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' AND mailbox._inbox_changed(v_inbox) THEN
-        PERFORM mailbox._inbox_refuse_changed(v_inbox); -- (as in 2a)
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM mailbox._inbox_check_unchanged(v_inbox); -- (as in 2a)
     END IF;
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
@@ -7701,36 +7703,30 @@ BEGIN
 END
 $$;
 
--- Whether the inbox's configuration (ordering, column mapping, priority) differs from
--- p_inbox, the catalog row inbox_claim looked up. In READ COMMITTED, asked after the claim's
--- scan (a later statement, so a newer snapshot), it tells a claim that ran the old
+-- Raises 40001 when the inbox's configuration (ordering, column mapping, priority) differs
+-- from p_inbox, the catalog row inbox_claim looked up. In READ COMMITTED, called after the
+-- claim's scan (a later statement, so a newer snapshot), it stops a claim that ran the old
 -- configuration's generated code: one that looked the inbox up before a change committed and
 -- then waited for the change's lock (enable_inbox_ordering's on the table) before it scanned.
 -- Such a claim must not hand out what it found (docs/inbox-ordering.md, switching while
--- workers run).
-CREATE OR REPLACE FUNCTION mailbox._inbox_changed(p_inbox mailbox._inbox)
-RETURNS boolean
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT EXISTS (SELECT 1 FROM mailbox._inbox AS i
-                    WHERE i.inbox_key = p_inbox.inbox_key
-                      AND (i.ordering_first_sequence, i.columns, i.priority_tiers)
-                          IS DISTINCT FROM (p_inbox.ordering_first_sequence, p_inbox.columns, p_inbox.priority_tiers));
-$$;
-
--- The error of a claim that _inbox_changed caught (the generated functions raise the same one
--- when their own check, before they run, finds the change).
-CREATE OR REPLACE FUNCTION mailbox._inbox_refuse_changed(p_inbox mailbox._inbox)
+-- workers run). The generated functions raise the same error when their own check, before
+-- they run, finds the change. (PL/pgSQL: its statement's plan is kept for the session; a SQL
+-- function with a SET clause would be planned again at every call.)
+CREATE OR REPLACE FUNCTION mailbox._inbox_check_unchanged(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', p_inbox.inbox_name
-        USING ERRCODE = '40001',
-              DETAIL = 'This claim read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
-              HINT = 'Retry the transaction: the next one uses the new configuration.';
+    IF EXISTS (SELECT 1 FROM mailbox._inbox AS i
+                WHERE i.inbox_key = p_inbox.inbox_key
+                  AND (i.ordering_first_sequence, i.columns, i.priority_tiers)
+                      IS DISTINCT FROM (p_inbox.ordering_first_sequence, p_inbox.columns, p_inbox.priority_tiers)) THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', p_inbox.inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This claim read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
 END
 $$;
 

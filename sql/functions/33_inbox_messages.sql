@@ -186,10 +186,12 @@ BEGIN
        AND pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
         -- (and a configuration change that committed while step 1 waited: part 37)
         SELECT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key) AS leased,
-               mailbox._inbox_changed(v_inbox) AS changed
+               EXISTS (SELECT 1 FROM mailbox._inbox AS i WHERE i.inbox_key = v_inbox.inbox_key
+                          AND (i.ordering_first_sequence, i.columns, i.priority_tiers) IS DISTINCT FROM
+                              (v_inbox.ordering_first_sequence, v_inbox.columns, v_inbox.priority_tiers)) AS changed
           INTO v_again;
         IF v_again.changed THEN
-            PERFORM mailbox._inbox_refuse_changed(v_inbox);
+            PERFORM mailbox._inbox_check_unchanged(v_inbox); -- raises 40001
         END IF;
         IF v_again.leased THEN
             -- (a filtered scan of the array keeps its order)
@@ -222,8 +224,8 @@ BEGIN
     -- 05) and drops a message whose aggregate another open claim holds; one that committed
     -- since step 1's snapshot is seen by the upsert, or under REPEATABLE READ by its unique
     -- index on the aggregate (a serialization failure here) (docs/design.md §7.3)
-    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' AND mailbox._inbox_changed(v_inbox) THEN
-        PERFORM mailbox._inbox_refuse_changed(v_inbox); -- (as in 2a)
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM mailbox._inbox_check_unchanged(v_inbox); -- (as in 2a)
     END IF;
     IF v_inbox.ordering_first_sequence IS NOT NULL THEN
         v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m

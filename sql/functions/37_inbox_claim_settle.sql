@@ -138,36 +138,30 @@ BEGIN
 END
 $$;
 
--- Whether the inbox's configuration (ordering, column mapping, priority) differs from
--- p_inbox, the catalog row inbox_claim looked up. In READ COMMITTED, asked after the claim's
--- scan (a later statement, so a newer snapshot), it tells a claim that ran the old
+-- Raises 40001 when the inbox's configuration (ordering, column mapping, priority) differs
+-- from p_inbox, the catalog row inbox_claim looked up. In READ COMMITTED, called after the
+-- claim's scan (a later statement, so a newer snapshot), it stops a claim that ran the old
 -- configuration's generated code: one that looked the inbox up before a change committed and
 -- then waited for the change's lock (enable_inbox_ordering's on the table) before it scanned.
 -- Such a claim must not hand out what it found (docs/inbox-ordering.md, switching while
--- workers run).
-CREATE FUNCTION mailbox._inbox_changed(p_inbox mailbox._inbox)
-RETURNS boolean
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT EXISTS (SELECT 1 FROM mailbox._inbox AS i
-                    WHERE i.inbox_key = p_inbox.inbox_key
-                      AND (i.ordering_first_sequence, i.columns, i.priority_tiers)
-                          IS DISTINCT FROM (p_inbox.ordering_first_sequence, p_inbox.columns, p_inbox.priority_tiers));
-$$;
-
--- The error of a claim that _inbox_changed caught (the generated functions raise the same one
--- when their own check, before they run, finds the change).
-CREATE FUNCTION mailbox._inbox_refuse_changed(p_inbox mailbox._inbox)
+-- workers run). The generated functions raise the same error when their own check, before
+-- they run, finds the change. (PL/pgSQL: its statement's plan is kept for the session; a SQL
+-- function with a SET clause would be planned again at every call.)
+CREATE FUNCTION mailbox._inbox_check_unchanged(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', p_inbox.inbox_name
-        USING ERRCODE = '40001',
-              DETAIL = 'This claim read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
-              HINT = 'Retry the transaction: the next one uses the new configuration.';
+    IF EXISTS (SELECT 1 FROM mailbox._inbox AS i
+                WHERE i.inbox_key = p_inbox.inbox_key
+                  AND (i.ordering_first_sequence, i.columns, i.priority_tiers)
+                      IS DISTINCT FROM (p_inbox.ordering_first_sequence, p_inbox.columns, p_inbox.priority_tiers)) THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', p_inbox.inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This claim read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
 END
 $$;
 
