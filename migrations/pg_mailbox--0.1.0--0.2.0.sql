@@ -5055,6 +5055,19 @@ BEGIN
         END IF;
         PERFORM mailbox._inbox_get(p_name); -- raises 42704 with its hint
     END IF;
+    -- the inbox's table is table_rel, wherever it is now: after a rename another table may
+    -- carry the stored name, and that one is never ours to drop; the table may also have been
+    -- dropped by hand already
+    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = v_inbox.table_rel;
+    -- first wait for the transactions that use the inbox (a worker's open claim): they read
+    -- its per-inbox views, so dropping those one by one while such a transaction reads the
+    -- next would deadlock
+    IF v_table IS NOT NULL THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN %s MODE', v_table,
+                                  CASE WHEN v_inbox.is_managed AND p_cascade THEN 'ACCESS EXCLUSIVE' ELSE 'EXCLUSIVE' END);
+    END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);
     PERFORM mailbox._inbox_drop_functions(v_inbox);
@@ -5067,12 +5080,6 @@ BEGIN
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
     PERFORM mailbox._forget_grants('inbox', v_inbox.inbox_key);
-    -- the inbox's table is table_rel, wherever it is now: after a rename another table may
-    -- carry the stored name, and that one is never ours to drop; the table may also have been
-    -- dropped by hand already
-    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
-      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE c.oid = v_inbox.table_rel;
     IF v_table IS NOT NULL THEN
         IF v_inbox.is_managed AND p_cascade THEN
             EXECUTE pg_catalog.format('DROP TABLE %s', v_table);
@@ -6606,6 +6613,39 @@ AS $$
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
+-- A mark of an unordered inbox runs the unordered code, which records no aggregate position.
+-- One that looked the inbox up before an enable_inbox_ordering committed and then waited for
+-- the enable's lock on the table must not return as if the inbox were still unordered: the
+-- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
+-- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
+-- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
+-- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
+-- _inbox_build_still_ordered: the value to read (FALSE for an ordered inbox);
+-- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_still_ordered(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
+                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
+    IF %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$b$, p_var) END;
+$$;
+
 -- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
 -- inbox is ordered); inbox_mark_processed settles lease and ordering.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
@@ -6615,14 +6655,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
-    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
         mailbox._inbox_param(p_inbox, 'event_id', 2),
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END)
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -6840,7 +6881,8 @@ BEGIN
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;
-    v_seq pg_catalog.int8;$d$, mailbox._inbox_build_processed(p_inbox));
+    v_seq pg_catalog.int8;
+    v_ordered pg_catalog.bool;$d$, mailbox._inbox_build_processed(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'failed', 'text, text', 'mailbox._inbox_attempt', $d$
     v_id pg_catalog.text;
     v_retries pg_catalog.int4;
@@ -7257,22 +7299,25 @@ BEGIN
     -- processed_batch(row, ids): marks those unprocessed (= ANY of the ids: one primary-key
     -- scan for the whole array, 0.65 us a message less than a join with unnest(ids), see
     -- docs/benchmarks.md; a repeated id is marked once); what it marked (id, and for ordering
-    -- its aggregate and sequence), for inbox_mark_processed to settle leases
+    -- its aggregate and sequence), for inbox_mark_processed to settle leases; refused when
+    -- ordering was enabled while it waited (part 35, _inbox_build_refuse_ordered)
     PERFORM mailbox._inbox_define(p_inbox, 'processed_batch', 'text[]', 'mailbox._inbox_done[]', $d$
-    v_result mailbox._inbox_done[];$d$,
+    v_result mailbox._inbox_done[];
+    v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
         WITH d AS (
             UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
              WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL
             RETURNING ROW(t.%3$I::pg_catalog.text, %5$s, %6$s)::mailbox._inbox_done AS r
         )
-        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+        SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(%7$s) INTO v_result, v_ordered FROM d;%8$s
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)

@@ -199,6 +199,19 @@ BEGIN
         END IF;
         PERFORM mailbox._inbox_get(p_name); -- raises 42704 with its hint
     END IF;
+    -- the inbox's table is table_rel, wherever it is now: after a rename another table may
+    -- carry the stored name, and that one is never ours to drop; the table may also have been
+    -- dropped by hand already
+    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = v_inbox.table_rel;
+    -- first wait for the transactions that use the inbox (a worker's open claim): they read
+    -- its per-inbox views, so dropping those one by one while such a transaction reads the
+    -- next would deadlock
+    IF v_table IS NOT NULL THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN %s MODE', v_table,
+                                  CASE WHEN v_inbox.is_managed AND p_cascade THEN 'ACCESS EXCLUSIVE' ELSE 'EXCLUSIVE' END);
+    END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);
     PERFORM mailbox._inbox_drop_functions(v_inbox);
@@ -211,12 +224,6 @@ BEGIN
     DELETE FROM mailbox._inbox_gap_alert WHERE inbox_key = v_inbox.inbox_key;
     DELETE FROM mailbox._inbox WHERE inbox_key = v_inbox.inbox_key;
     PERFORM mailbox._forget_grants('inbox', v_inbox.inbox_key);
-    -- the inbox's table is table_rel, wherever it is now: after a rename another table may
-    -- carry the stored name, and that one is never ours to drop; the table may also have been
-    -- dropped by hand already
-    SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
-      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-     WHERE c.oid = v_inbox.table_rel;
     IF v_table IS NOT NULL THEN
         IF v_inbox.is_managed AND p_cascade THEN
             EXECUTE pg_catalog.format('DROP TABLE %s', v_table);

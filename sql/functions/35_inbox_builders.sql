@@ -231,6 +231,39 @@ AS $$
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
+-- A mark of an unordered inbox runs the unordered code, which records no aggregate position.
+-- One that looked the inbox up before an enable_inbox_ordering committed and then waited for
+-- the enable's lock on the table must not return as if the inbox were still unordered: the
+-- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
+-- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
+-- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
+-- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
+-- _inbox_build_still_ordered: the value to read (FALSE for an ordered inbox);
+-- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
+CREATE FUNCTION mailbox._inbox_build_still_ordered(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
+                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
+$$;
+
+CREATE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
+    IF %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$b$, p_var) END;
+$$;
+
 -- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
 -- inbox is ordered); inbox_mark_processed settles lease and ordering.
 CREATE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
@@ -240,14 +273,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
-    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s INTO v_id, v_aggregate, v_seq;
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
         mailbox._inbox_param(p_inbox, 'event_id', 2),
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END)
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 

@@ -188,7 +188,8 @@ BEGIN
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;
-    v_seq pg_catalog.int8;$d$, mailbox._inbox_build_processed(p_inbox));
+    v_seq pg_catalog.int8;
+    v_ordered pg_catalog.bool;$d$, mailbox._inbox_build_processed(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'failed', 'text, text', 'mailbox._inbox_attempt', $d$
     v_id pg_catalog.text;
     v_retries pg_catalog.int4;

@@ -109,22 +109,25 @@ BEGIN
     -- processed_batch(row, ids): marks those unprocessed (= ANY of the ids: one primary-key
     -- scan for the whole array, 0.65 us a message less than a join with unnest(ids), see
     -- docs/benchmarks.md; a repeated id is marked once); what it marked (id, and for ordering
-    -- its aggregate and sequence), for inbox_mark_processed to settle leases
+    -- its aggregate and sequence), for inbox_mark_processed to settle leases; refused when
+    -- ordering was enabled while it waited (part 35, _inbox_build_refuse_ordered)
     PERFORM mailbox._inbox_define(p_inbox, 'processed_batch', 'text[]', 'mailbox._inbox_done[]', $d$
-    v_result mailbox._inbox_done[];$d$,
+    v_result mailbox._inbox_done[];
+    v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
         WITH d AS (
             UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
              WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL
             RETURNING ROW(t.%3$I::pg_catalog.text, %5$s, %6$s)::mailbox._inbox_done AS r
         )
-        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+        SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(%7$s) INTO v_result, v_ordered FROM d;%8$s
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END));
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)

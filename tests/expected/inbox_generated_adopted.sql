@@ -78,6 +78,7 @@ DECLARE
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;
     v_seq pg_catalog.int8;
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox legacy', '<owner>'::pg_catalog.name
@@ -94,7 +95,13 @@ BEGIN
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp() WHERE t.id = $2 AND t.done IS NULL
-    RETURNING t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8 INTO v_id, v_aggregate, v_seq;
+    RETURNING t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8, (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL INTO v_id, v_aggregate, v_seq, v_ordered;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
 END$function$
 
@@ -107,6 +114,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     v_result mailbox._inbox_done[];
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox legacy', '<owner>'::pg_catalog.name
@@ -127,7 +135,13 @@ BEGIN
              WHERE t.id = ANY ($2) AND t.done IS NULL
             RETURNING ROW(t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8)::mailbox._inbox_done AS r
         )
-        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+        SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or((SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL) INTO v_result, v_ordered FROM d;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     RETURN v_result;
 END$function$
 

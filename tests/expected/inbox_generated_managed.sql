@@ -99,6 +99,7 @@ DECLARE
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;
     v_seq pg_catalog.int8;
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox gen', 'postgres'::pg_catalog.name
@@ -115,7 +116,7 @@ BEGIN
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
-    RETURNING t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8) INTO v_id, v_aggregate, v_seq;
+    RETURNING t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8), FALSE INTO v_id, v_aggregate, v_seq, v_ordered;
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
 END$function$
 
@@ -126,6 +127,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     v_result mailbox._inbox_done[];
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox gen', 'postgres'::pg_catalog.name
@@ -146,7 +148,7 @@ BEGIN
              WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL
             RETURNING ROW(t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8))::mailbox._inbox_done AS r
         )
-        SELECT pg_catalog.array_agg(d.r) INTO v_result FROM d;
+        SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(FALSE) INTO v_result, v_ordered FROM d;
     RETURN v_result;
 END$function$
 
