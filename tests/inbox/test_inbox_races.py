@@ -1169,6 +1169,27 @@ def test_drop_inbox_waits_for_a_worker_mid_transaction_and_then_claims_fail_clea
     assert scalar(q, "SELECT to_regclass('mailbox.q')") is None
 
 
+def test_drop_inbox_behind_an_open_claim_under_lock_timeout_drops_nothing(q, connect):
+    """docs/inbox.md (drop_inbox): it waits for the open transactions of the inbox in the
+    lock queue; a caller's lock_timeout bounds the wait with 55P03, and nothing is dropped."""
+    receive(q, "q", "d1")
+    worker = connect(autocommit=False)
+    assert claimed_ids(worker, "q", "w") == ["d1"]
+    admin = connect(autocommit=False)
+    admin.execute("SET lock_timeout = '200ms'")
+    with raises("55P03"):
+        admin.execute("SELECT mailbox.drop_inbox('q', p_cascade => true)")
+    admin.rollback()
+    assert processed(worker, "q", "d1") is True
+    worker.commit()
+    assert scalar(q, "SELECT count(*) FROM mailbox.inbox_status() WHERE inbox_name = 'q'") == 1
+    assert scalar(
+        q,
+        "SELECT to_regclass('mailbox._inbox_' || inbox_key || '_config') IS NOT NULL"
+        " FROM mailbox._inbox WHERE inbox_name = 'q'",
+    )
+
+
 # --------------------------------------------------------------------------- maintenance
 
 
