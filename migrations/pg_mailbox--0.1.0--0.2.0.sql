@@ -18,6 +18,7 @@
 -- Issue 11: whether an inbox has per-object grants, kept by _set_grant (part 39), read by the
 -- data plane's lookup instead of a probe of _object_grant.
 ALTER TABLE mailbox._inbox ADD COLUMN has_grants boolean NOT NULL DEFAULT FALSE;
+ALTER TABLE mailbox._inbox ADD COLUMN held_until timestamptz;
 UPDATE mailbox._inbox AS i
    SET has_grants = TRUE
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
@@ -4605,6 +4606,27 @@ $$;
 -- The per-inbox views of the inbox's own rows of the extension's tables, for the views above
 -- and the generated functions (part 35), which run as the table owner. The table owner gets
 -- SELECT on them (and USAGE on schema mailbox, which holds nothing else it may use).
+-- The lease view alone is also re-made by an upgrade (regenerate.sql): no view of
+-- pg_mailbox reads it, so it can gain columns (aggregate_id: the aggregate a lease carries,
+-- which ordered claims probe, part 35, builders).
+CREATE OR REPLACE FUNCTION mailbox._inbox_create_lease_view(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_view text := '_inbox_' || p_inbox.inbox_key || '_lease';
+    v_owner name := mailbox._inbox_owner(p_inbox);
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT l.event_id, l.lease_until, l.next_attempt_at,'
+        ' l.aggregate_id FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %s', v_view, p_inbox.inbox_key);
+    IF v_owner <> CURRENT_USER THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I TO %I', v_view, v_owner);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_create_state_views(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -4614,9 +4636,7 @@ DECLARE
     v_prefix text := '_inbox_' || p_inbox.inbox_key || '_';
     v_owner name := mailbox._inbox_owner(p_inbox);
 BEGIN
-    EXECUTE pg_catalog.format(
-        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT l.event_id, l.lease_until, l.next_attempt_at'
-        ' FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %s', v_prefix || 'lease', p_inbox.inbox_key);
+    PERFORM mailbox._inbox_create_lease_view(p_inbox);
     EXECUTE pg_catalog.format(
         'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT a.aggregate_id, a.last_seq'
         ' FROM mailbox._inbox_aggregate AS a WHERE a.inbox_key = %s', v_prefix || 'aggregate', p_inbox.inbox_key);
@@ -4624,8 +4644,8 @@ BEGIN
         'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT i.max_retries, i.ordering_first_sequence'
         ' FROM mailbox._inbox AS i WHERE i.inbox_key = %s', v_prefix || 'config', p_inbox.inbox_key);
     IF v_owner <> CURRENT_USER THEN
-        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I TO %I',
-                                  v_prefix || 'lease', v_prefix || 'aggregate', v_prefix || 'config', v_owner);
+        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I TO %I',
+                                  v_prefix || 'aggregate', v_prefix || 'config', v_owner);
         IF NOT pg_catalog.has_schema_privilege(v_owner, 'mailbox', 'USAGE') THEN
             EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA mailbox TO %I', v_owner);
         END IF;
@@ -4641,7 +4661,9 @@ AS $$
 DECLARE
     v_kind text;
 BEGIN
-    FOREACH v_kind IN ARRAY ARRAY['config', 'aggregate', 'lease'] LOOP
+    -- the lease view first: a worker's claim reads it before its marks read the config
+    -- view (adopted tables), so a drop waits for the claim's transaction holding no other
+    FOREACH v_kind IN ARRAY ARRAY['lease', 'aggregate', 'config'] LOOP
         EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_' || v_kind);
     END LOOP;
 END
@@ -5061,12 +5083,12 @@ BEGIN
     SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
       FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = v_inbox.table_rel;
-    -- first wait for the transactions that use the inbox (a worker's open claim): they read
-    -- its per-inbox views, so dropping those one by one while such a transaction reads the
-    -- next would deadlock
-    IF v_table IS NOT NULL THEN
-        EXECUTE pg_catalog.format('LOCK TABLE %s IN %s MODE', v_table,
-                                  CASE WHEN v_inbox.is_managed AND p_cascade THEN 'ACCESS EXCLUSIVE' ELSE 'EXCLUSIVE' END);
+    -- dropping the table: first wait for the transactions that use it (a worker's open
+    -- claim), which read the inbox's per-inbox views, rather than hold those views' locks
+    -- while waiting for the table (a worker's next read of them would deadlock). Without
+    -- the table, drop_inbox takes no lock on it (docs/inbox.md, drop_inbox).
+    IF v_table IS NOT NULL AND v_inbox.is_managed AND p_cascade THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_table);
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);
@@ -6150,6 +6172,11 @@ BEGIN
              ELSE 'l.event_id' END,
         mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
      WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
+    -- while such a lease lasts, ordered claims probe each candidate head's aggregate
+    UPDATE mailbox._inbox AS i
+       SET held_until = (SELECT pg_catalog.max(l.lease_until) FROM mailbox._inbox_lease AS l
+                          WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL)
+     WHERE i.inbox_key = p_inbox.inbox_key;
 END
 $$;
 
@@ -6468,7 +6495,13 @@ AS $$
 $$;
 
 -- A head p_alias (a row of the inbox table) is free to claim: no live lease or pending retry
--- of its own, and no other message of its aggregate under a live lease (above).
+-- of its own, no other message of its aggregate up to the head under a live lease, and no
+-- live lease carrying its aggregate: a message claimed beyond the head before ordering was
+-- enabled carries it (part 34, _inbox_hold_in_flight). That index probe runs only while such
+-- a lease may last (the catalog row's held_until); without it the head was taken as a
+-- candidate and only dropped at the lease upsert (part 37), so a claim of one could come
+-- back empty while other aggregates had heads. Otherwise every lease carrying an aggregate
+-- is its head's, which the probes before already see.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_head_free(p_inbox mailbox._inbox, p_alias text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -6482,7 +6515,9 @@ AS $$
         ' FROM mailbox.%8$I AS a WHERE a.aggregate_id = %2$I.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-        ' OFFSET 0)',
+        ' OFFSET 0)'
+        ' AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM %3$s AS l'
+        ' WHERE l.aggregate_id = %2$I.%5$I::text AND l.lease_until > $3 OFFSET 0))',
         c ->> 'event_id', p_alias, mailbox._inbox_lease_sql(p_inbox), mailbox._inbox_table_sql(p_inbox),
         c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
         '_inbox_' || p_inbox.inbox_key || '_aggregate')
@@ -6620,14 +6655,20 @@ $$;
 -- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
 -- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
 -- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
--- _inbox_build_still_ordered: the value to read (FALSE for an ordered inbox);
+-- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
+-- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
+-- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
+-- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
 -- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
-CREATE OR REPLACE FUNCTION mailbox._inbox_build_still_ordered(p_inbox mailbox._inbox)
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
+                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
                 ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
                                        '_inbox_' || p_inbox.inbox_key || '_config') END;
 $$;
@@ -6663,7 +6704,7 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -7317,7 +7358,7 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)
@@ -8943,9 +8984,10 @@ TO mailbox_admin;
 --   * a captured table's capture functions and triggers (part 14: _remove_capture, then
 --     _install_capture for the table's current owner, as mailbox.repair_outbox_capture());
 --   * an inbox's views, indexes and generated functions (part 34, _inbox_reconfigure: what a
---     settings change rebuilds). Only the views pg_mailbox made are dropped and re-made: a
---     view of the user's that reads one of them makes the update fail (2BP01) and change
---     nothing; drop it before, re-create it after.
+--     settings change rebuilds), and its lease view (part 31, _inbox_create_lease_view).
+--     Only the views pg_mailbox made are dropped and re-made: a view of the user's that
+--     reads one of them makes the update fail (2BP01) and change nothing; drop it before,
+--     re-create it after.
 --
 -- These objects are not extension members (pg_dump dumps them with the tables they belong
 -- to), but PostgreSQL makes everything an extension script creates a member, and refuses
@@ -8975,6 +9017,8 @@ BEGIN
     END LOOP;
     FOR v_inbox IN SELECT * FROM mailbox._inbox AS i ORDER BY i.inbox_key LOOP
         PERFORM mailbox._inbox_drop_functions(v_inbox);
+        EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', '_inbox_' || v_inbox.inbox_key || '_lease');
+        PERFORM mailbox._inbox_create_lease_view(v_inbox);
         PERFORM mailbox._inbox_reconfigure(v_inbox, v_inbox);
     END LOOP;
     FOR v_object IN

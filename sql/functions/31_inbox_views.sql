@@ -14,6 +14,27 @@
 -- The per-inbox views of the inbox's own rows of the extension's tables, for the views above
 -- and the generated functions (part 35), which run as the table owner. The table owner gets
 -- SELECT on them (and USAGE on schema mailbox, which holds nothing else it may use).
+-- The lease view alone is also re-made by an upgrade (regenerate.sql): no view of
+-- pg_mailbox reads it, so it can gain columns (aggregate_id: the aggregate a lease carries,
+-- which ordered claims probe, part 35, builders).
+CREATE FUNCTION mailbox._inbox_create_lease_view(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_view text := '_inbox_' || p_inbox.inbox_key || '_lease';
+    v_owner name := mailbox._inbox_owner(p_inbox);
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT l.event_id, l.lease_until, l.next_attempt_at,'
+        ' l.aggregate_id FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %s', v_view, p_inbox.inbox_key);
+    IF v_owner <> CURRENT_USER THEN
+        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I TO %I', v_view, v_owner);
+    END IF;
+END
+$$;
+
 CREATE FUNCTION mailbox._inbox_create_state_views(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -23,9 +44,7 @@ DECLARE
     v_prefix text := '_inbox_' || p_inbox.inbox_key || '_';
     v_owner name := mailbox._inbox_owner(p_inbox);
 BEGIN
-    EXECUTE pg_catalog.format(
-        'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT l.event_id, l.lease_until, l.next_attempt_at'
-        ' FROM mailbox._inbox_lease AS l WHERE l.inbox_key = %s', v_prefix || 'lease', p_inbox.inbox_key);
+    PERFORM mailbox._inbox_create_lease_view(p_inbox);
     EXECUTE pg_catalog.format(
         'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT a.aggregate_id, a.last_seq'
         ' FROM mailbox._inbox_aggregate AS a WHERE a.inbox_key = %s', v_prefix || 'aggregate', p_inbox.inbox_key);
@@ -33,8 +52,8 @@ BEGIN
         'CREATE VIEW mailbox.%I WITH (security_barrier) AS SELECT i.max_retries, i.ordering_first_sequence'
         ' FROM mailbox._inbox AS i WHERE i.inbox_key = %s', v_prefix || 'config', p_inbox.inbox_key);
     IF v_owner <> CURRENT_USER THEN
-        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I, mailbox.%I TO %I',
-                                  v_prefix || 'lease', v_prefix || 'aggregate', v_prefix || 'config', v_owner);
+        EXECUTE pg_catalog.format('GRANT SELECT ON mailbox.%I, mailbox.%I TO %I',
+                                  v_prefix || 'aggregate', v_prefix || 'config', v_owner);
         IF NOT pg_catalog.has_schema_privilege(v_owner, 'mailbox', 'USAGE') THEN
             EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA mailbox TO %I', v_owner);
         END IF;
@@ -50,7 +69,9 @@ AS $$
 DECLARE
     v_kind text;
 BEGIN
-    FOREACH v_kind IN ARRAY ARRAY['config', 'aggregate', 'lease'] LOOP
+    -- the lease view first: a worker's claim reads it before its marks read the config
+    -- view (adopted tables), so a drop waits for the claim's transaction holding no other
+    FOREACH v_kind IN ARRAY ARRAY['lease', 'aggregate', 'config'] LOOP
         EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', '_inbox_' || p_inbox.inbox_key || '_' || v_kind);
     END LOOP;
 END

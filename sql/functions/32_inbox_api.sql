@@ -205,12 +205,12 @@ BEGIN
     SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO v_table
       FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = v_inbox.table_rel;
-    -- first wait for the transactions that use the inbox (a worker's open claim): they read
-    -- its per-inbox views, so dropping those one by one while such a transaction reads the
-    -- next would deadlock
-    IF v_table IS NOT NULL THEN
-        EXECUTE pg_catalog.format('LOCK TABLE %s IN %s MODE', v_table,
-                                  CASE WHEN v_inbox.is_managed AND p_cascade THEN 'ACCESS EXCLUSIVE' ELSE 'EXCLUSIVE' END);
+    -- dropping the table: first wait for the transactions that use it (a worker's open
+    -- claim), which read the inbox's per-inbox views, rather than hold those views' locks
+    -- while waiting for the table (a worker's next read of them would deadlock). Without
+    -- the table, drop_inbox takes no lock on it (docs/inbox.md, drop_inbox).
+    IF v_table IS NOT NULL AND v_inbox.is_managed AND p_cascade THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_table);
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);

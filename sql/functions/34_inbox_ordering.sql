@@ -131,6 +131,11 @@ BEGIN
              ELSE 'l.event_id' END,
         mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
      WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
+    -- while such a lease lasts, ordered claims probe each candidate head's aggregate
+    UPDATE mailbox._inbox AS i
+       SET held_until = (SELECT pg_catalog.max(l.lease_until) FROM mailbox._inbox_lease AS l
+                          WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL)
+     WHERE i.inbox_key = p_inbox.inbox_key;
 END
 $$;
 

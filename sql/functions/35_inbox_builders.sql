@@ -86,7 +86,13 @@ AS $$
 $$;
 
 -- A head p_alias (a row of the inbox table) is free to claim: no live lease or pending retry
--- of its own, and no other message of its aggregate under a live lease (above).
+-- of its own, no other message of its aggregate up to the head under a live lease, and no
+-- live lease carrying its aggregate: a message claimed beyond the head before ordering was
+-- enabled carries it (part 34, _inbox_hold_in_flight). That index probe runs only while such
+-- a lease may last (the catalog row's held_until); without it the head was taken as a
+-- candidate and only dropped at the lease upsert (part 37), so a claim of one could come
+-- back empty while other aggregates had heads. Otherwise every lease carrying an aggregate
+-- is its head's, which the probes before already see.
 CREATE FUNCTION mailbox._inbox_build_head_free(p_inbox mailbox._inbox, p_alias text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -100,7 +106,9 @@ AS $$
         ' FROM mailbox.%8$I AS a WHERE a.aggregate_id = %2$I.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-        ' OFFSET 0)',
+        ' OFFSET 0)'
+        ' AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM %3$s AS l'
+        ' WHERE l.aggregate_id = %2$I.%5$I::text AND l.lease_until > $3 OFFSET 0))',
         c ->> 'event_id', p_alias, mailbox._inbox_lease_sql(p_inbox), mailbox._inbox_table_sql(p_inbox),
         c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at',
         '_inbox_' || p_inbox.inbox_key || '_aggregate')
@@ -238,14 +246,20 @@ $$;
 -- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
 -- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
 -- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
--- _inbox_build_still_ordered: the value to read (FALSE for an ordered inbox);
+-- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
+-- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
+-- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
+-- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
 -- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
-CREATE FUNCTION mailbox._inbox_build_still_ordered(p_inbox mailbox._inbox)
+CREATE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
+                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
                 ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
                                        '_inbox_' || p_inbox.inbox_key || '_config') END;
 $$;
@@ -281,7 +295,7 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 

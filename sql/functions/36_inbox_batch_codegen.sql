@@ -127,7 +127,7 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_still_ordered(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)

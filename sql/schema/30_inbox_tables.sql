@@ -27,7 +27,11 @@ CREATE TABLE mailbox._inbox (
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     -- whether mailbox._object_grant has a row for this inbox (part 39 keeps it, under this
     -- row's lock): the data plane's lookup reads it instead of probing the grant table
-    has_grants boolean NOT NULL DEFAULT FALSE
+    has_grants boolean NOT NULL DEFAULT FALSE,
+    -- until when a lease that enable_inbox_ordering made carry an aggregate may hold one
+    -- whose head is not in flight (part 34, _inbox_hold_in_flight); until then ordered
+    -- claims probe each candidate head's aggregate (part 35, builders); NULL: never
+    held_until timestamptz
 );
 COMMENT ON TABLE mailbox._inbox IS 'pg_mailbox catalog: one row per inbox and its column mapping';
 SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox', '');

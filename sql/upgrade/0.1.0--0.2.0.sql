@@ -13,6 +13,7 @@
 -- Issue 11: whether an inbox has per-object grants, kept by _set_grant (part 39), read by the
 -- data plane's lookup instead of a probe of _object_grant.
 ALTER TABLE mailbox._inbox ADD COLUMN has_grants boolean NOT NULL DEFAULT FALSE;
+ALTER TABLE mailbox._inbox ADD COLUMN held_until timestamptz;
 UPDATE mailbox._inbox AS i
    SET has_grants = TRUE
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);

@@ -4,9 +4,10 @@
 --   * a captured table's capture functions and triggers (part 14: _remove_capture, then
 --     _install_capture for the table's current owner, as mailbox.repair_outbox_capture());
 --   * an inbox's views, indexes and generated functions (part 34, _inbox_reconfigure: what a
---     settings change rebuilds). Only the views pg_mailbox made are dropped and re-made: a
---     view of the user's that reads one of them makes the update fail (2BP01) and change
---     nothing; drop it before, re-create it after.
+--     settings change rebuilds), and its lease view (part 31, _inbox_create_lease_view).
+--     Only the views pg_mailbox made are dropped and re-made: a view of the user's that
+--     reads one of them makes the update fail (2BP01) and change nothing; drop it before,
+--     re-create it after.
 --
 -- These objects are not extension members (pg_dump dumps them with the tables they belong
 -- to), but PostgreSQL makes everything an extension script creates a member, and refuses
@@ -36,6 +37,8 @@ BEGIN
     END LOOP;
     FOR v_inbox IN SELECT * FROM mailbox._inbox AS i ORDER BY i.inbox_key LOOP
         PERFORM mailbox._inbox_drop_functions(v_inbox);
+        EXECUTE pg_catalog.format('DROP VIEW IF EXISTS mailbox.%I', '_inbox_' || v_inbox.inbox_key || '_lease');
+        PERFORM mailbox._inbox_create_lease_view(v_inbox);
         PERFORM mailbox._inbox_reconfigure(v_inbox, v_inbox);
     END LOOP;
     FOR v_object IN

@@ -352,7 +352,8 @@ CREATE VIEW mailbox._inbox_1_config AS
 CREATE VIEW mailbox._inbox_1_lease AS
  SELECT l.event_id,
     l.lease_until,
-    l.next_attempt_at
+    l.next_attempt_at,
+    l.aggregate_id
    FROM mailbox._inbox_lease l
   WHERE (l.inbox_key = 1);
 

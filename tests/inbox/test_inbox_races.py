@@ -10,7 +10,7 @@ import time
 
 import psycopg
 import pytest
-from mbx import drop_gated_table, make_gated_table, raises, rows, scalar
+from mbx import drop_gated_table, drop_role, make_gated_table, make_role, raises, rows, scalar
 
 # --------------------------------------------------------------------------- helpers
 
@@ -706,6 +706,24 @@ def test_enabling_ordering_holds_an_aggregate_with_a_message_in_flight(db, conne
     assert claimed_ids(connect(), "h", "w3") == ([] if two else ["a1"])
 
 
+def test_a_claim_of_one_skips_a_held_aggregates_head_for_another_aggregates(db):
+    """docs/inbox-ordering.md (messages in flight when ordering is enabled): a3, claimed while
+    the inbox was unordered, carries A; A's head a1 arrived before B's head b1. A claim of one
+    must return b1 (before, a1 was its candidate and was dropped only at the lease upsert, so
+    the claim came back empty while b1 waited; found by a review, listed open)."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a3", "A", 3)
+    receive(db, "h", "a1", "A", 1)
+    receive(db, "h", "b1", "B", 1)
+    assert claimed_ids(db, "h", "w1", batch=1) == ["a3"]
+    db.execute("SELECT mailbox.enable_inbox_ordering('h')")
+    assert heads(db, "h") == [("A", 1), ("B", 1)]
+    assert claimed_ids(db, "h", "w2", batch=1) == ["b1"]
+    assert claimed_ids(db, "h", "w3", batch=1) == []
+    assert processed(db, "h", "a3") is True  # the carrier ends: A is free again
+    assert claimed_ids(db, "h", "w3", batch=1) == ["a1"]
+
+
 @pytest.mark.parametrize("enabled_by", ["another_transaction", "the_claiming_transaction"])
 def test_enabling_ordering_waits_for_an_open_claim_and_holds_its_aggregate(db, connect, enabled_by):
     """As above, with a3 claimed by a transaction still open when ordering is enabled: an
@@ -870,6 +888,35 @@ def test_a_mark_that_waited_for_enable_ordering_is_refused_and_its_retry_records
     assert heads(db, "h") == [("A", 2)]
     assert scalar(db, "SELECT count(*) FROM mailbox._inbox_lease") == 0
     assert claimed_ids(connect(), "h", "w2") == ["a2"]
+
+
+def test_a_mark_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_refused(db, connect):
+    """As above, on a table adopted from another owner: its generated functions run as that
+    owner and read the ordering through the inbox's config view (part 35, builders), which
+    that owner may read (not 42501), and the retry records the position."""
+    owner = make_role(db)
+    db.execute(
+        "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
+        " tries int NOT NULL DEFAULT 0, got timestamptz NOT NULL DEFAULT now(),"
+        " aggregate_id text, sequence_num bigint)"
+    )
+    db.execute(f'ALTER TABLE public.legacy OWNER TO "{owner}"')
+    db.execute(
+        "SELECT mailbox.enable_inbox_tracking('h', 'public.legacy', 'id', 'done', 'tries',"
+        " p_received_at_column => 'got')"
+    )
+    db.execute(
+        "INSERT INTO public.legacy (id, aggregate_id, sequence_num)"
+        " VALUES ('a1', 'A', 1), ('a2', 'A', 2)"
+    )
+    call = MARKS_OF_A1["one"][0]
+    marker = connect()
+    value, error = mark_behind_enable(db, connect, call, marker)
+    assert error is not None and error.sqlstate == "40001", (value, error)
+    assert scalar(marker, call) is True
+    assert rows(db, "SELECT aggregate_id, sequence_num FROM public.next_h") == [("A", 2)]
+    db.execute("SELECT mailbox.drop_inbox('h')")
+    drop_role(db, owner)
 
 
 def test_a_mark_of_a_message_without_an_aggregate_that_waited_for_enable_ordering_is_refused(
