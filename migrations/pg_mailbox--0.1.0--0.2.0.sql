@@ -6128,58 +6128,6 @@ BEGIN
 END
 $$;
 
--- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
--- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
--- leased while ordering was off let a1 be claimed beside it once ordering was on. Now, for each
--- aggregate with a live lease on a pending message, the lease of the highest sequence carries
--- the aggregate (one row per aggregate: the unique index), lasting until the last of the
--- aggregate's leases ends. Every ordered claim leaves out a message whose aggregate another
--- message's row carries, and gives the aggregate back once that lease has ended (part 37,
--- _inbox_claim_leases). Processing the carrier ends it too, but raises last_seq to at least
--- every other sequence in flight, and a head whose aggregate has a message in flight up to
--- last_seq + 1 is never claimed (part 35, builders). Only the carrier failing (a retry time)
--- frees the aggregate while others of it still run (docs/design.md §7.3). Every lease is
--- seen: enable_inbox_ordering runs in READ COMMITTED and first waits for the open claims of
--- the inbox (their leases are written at commit); the caller's own are settled here.
--- Aggregates that rows carried in an earlier ordered period, or under another mapping, are
--- cleared first. The leases' messages are read with the table owner's rights; what comes
--- back is ids, aggregates and times of this inbox.
-CREATE OR REPLACE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    c jsonb := p_inbox.columns;
-BEGIN
-    -- this transaction's own open claims of the inbox (the only ones it can see) lease now
-    PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-      WHERE o.inbox_key = p_inbox.inbox_key;
-    UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
-     WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
-    UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
-      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''id'', h.id, ''agg'', h.agg,'
-        ' ''until'', h.until)), ''[]'') FROM (SELECT DISTINCT ON (1) %1$s::pg_catalog.text AS agg, l.event_id AS id,'
-        ' pg_catalog.max(l.lease_until) OVER (PARTITION BY %1$s) AS until'
-        ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
-        ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
-        ' ORDER BY 1, %8$s DESC NULLS LAST, l.event_id) AS h',
-        mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
-        p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
-        CASE WHEN p_inbox.casts ? 'event_id'
-             THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
-             ELSE 'l.event_id' END,
-        mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
-     WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
-    -- while such a lease lasts, ordered claims probe each candidate head's aggregate
-    UPDATE mailbox._inbox AS i
-       SET held_until = (SELECT pg_catalog.max(l.lease_until) FROM mailbox._inbox_lease AS l
-                          WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL)
-     WHERE i.inbox_key = p_inbox.inbox_key;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION mailbox.enable_inbox_ordering(
     p_inbox text,
     p_aggregate_id_col text DEFAULT 'aggregate_id',
@@ -6224,6 +6172,7 @@ BEGIN
     -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
     -- (after the checks above, so a refused call never waits)
     EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
+    PERFORM mailbox._inbox_refuse_unorderable(v_old, v_new);
     UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
      WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);
@@ -6405,6 +6354,90 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
 'true when the aggregate belongs to this worker: abs(hashtext(id)) % total = worker';
+
+-- sql/functions/34_inbox_ordering_switch.sql
+-- Part 34 (ordering switch): what enable_inbox_ordering does for an inbox that already has
+-- messages, beyond its catalog change (part 34, ordering): refuse while a pending message
+-- could never be claimed once ordered, and hold the aggregates whose messages are in flight.
+
+-- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
+-- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
+-- leased while ordering was off let a1 be claimed beside it once ordering was on. Now, for each
+-- aggregate with a live lease on a pending message, the lease of the highest sequence carries
+-- the aggregate (one row per aggregate: the unique index), lasting until the last of the
+-- aggregate's leases ends. Every ordered claim leaves out a message whose aggregate another
+-- message's row carries, and gives the aggregate back once that lease has ended (part 37,
+-- _inbox_claim_leases). Processing the carrier ends it too, but raises last_seq to at least
+-- every other sequence in flight, and a head whose aggregate has a message in flight up to
+-- last_seq + 1 is never claimed (part 35, builders). Only the carrier failing (a retry time)
+-- frees the aggregate while others of it still run (docs/design.md §7.3). Every lease is
+-- seen: enable_inbox_ordering runs in READ COMMITTED and first waits for the open claims of
+-- the inbox (their leases are written at commit); the caller's own are settled here.
+-- Aggregates that rows carried in an earlier ordered period, or under another mapping, are
+-- cleared first. The leases' messages are read with the table owner's rights; what comes
+-- back is ids, aggregates and times of this inbox.
+CREATE OR REPLACE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+BEGIN
+    -- this transaction's own open claims of the inbox (the only ones it can see) lease now
+    PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
+      WHERE o.inbox_key = p_inbox.inbox_key;
+    UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
+     WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
+    UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
+      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
+        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''id'', h.id, ''agg'', h.agg,'
+        ' ''until'', h.until)), ''[]'') FROM (SELECT DISTINCT ON (1) %1$s::pg_catalog.text AS agg, l.event_id AS id,'
+        ' pg_catalog.max(l.lease_until) OVER (PARTITION BY %1$s) AS until'
+        ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
+        ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
+        ' ORDER BY 1, %8$s DESC NULLS LAST, l.event_id) AS h',
+        mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
+        p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
+        CASE WHEN p_inbox.casts ? 'event_id'
+             THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
+             ELSE 'l.event_id' END,
+        mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
+     WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
+    -- while such a lease lasts, ordered claims probe each candidate head's aggregate
+    UPDATE mailbox._inbox AS i
+       SET held_until = (SELECT pg_catalog.max(l.lease_until) FROM mailbox._inbox_lease AS l
+                          WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL)
+     WHERE i.inbox_key = p_inbox.inbox_key;
+END
+$$;
+
+-- An ordered claim takes only messages with an aggregate and a sequence, and inbox_receive
+-- requires both once the inbox is ordered; a pending message without them would never be
+-- claimed after the enable. So the enable is refused while the inbox has one (read after
+-- the enable's lock, so no open receive adds one later; dead letters are not counted).
+CREATE OR REPLACE FUNCTION mailbox._inbox_refuse_unorderable(p_old mailbox._inbox, p_new mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_new.columns;
+    v_found jsonb := mailbox._inbox_as_owner(p_old, pg_catalog.format(
+        'SELECT pg_catalog.jsonb_build_object(''n'', pg_catalog.count(*), ''id'', pg_catalog.min(%1$s::pg_catalog.text))'
+        ' FROM %2$s AS t WHERE %3$s IS NULL AND %4$s < ($1).max_retries AND (%5$s IS NULL OR %6$s IS NULL)',
+        mailbox._inbox_col(c, 'event_id'), mailbox._inbox_table_sql(p_old), mailbox._inbox_col(c, 'processed_at'),
+        mailbox._inbox_col(c, 'retry_count'), mailbox._inbox_col(c, 'aggregate_id'), mailbox._inbox_col(c, 'sequence_num')));
+BEGIN
+    IF (v_found ->> 'n')::bigint > 0 THEN
+        RAISE EXCEPTION 'inbox % has % pending message(s) without aggregate or sequence', p_old.inbox_name, v_found ->> 'n'
+            USING ERRCODE = '55000',
+                  DETAIL = pg_catalog.format('An ordered inbox claims only messages with both (%s and %s); these would never be claimed. One of them: %s.',
+                                             c ->> 'aggregate_id', c ->> 'sequence_num', v_found ->> 'id'),
+                  HINT = 'Let the workers process them first, or set their aggregate and sequence, then enable ordering.';
+    END IF;
+END
+$$;
 
 -- sql/functions/35_inbox_builders.sql
 -- Part 35 (builders): the bodies of an inbox's generated per-message functions, one builder
@@ -6654,7 +6687,9 @@ $$;
 -- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
 -- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
 -- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
--- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
+-- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check. (A
+-- receive in that position is not checked: the same read cost every receive 3 us, see
+-- docs/inbox-ordering.md.)
 -- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
 -- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
 -- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view

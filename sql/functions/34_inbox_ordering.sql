@@ -87,58 +87,6 @@ BEGIN
 END
 $$;
 
--- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
--- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
--- leased while ordering was off let a1 be claimed beside it once ordering was on. Now, for each
--- aggregate with a live lease on a pending message, the lease of the highest sequence carries
--- the aggregate (one row per aggregate: the unique index), lasting until the last of the
--- aggregate's leases ends. Every ordered claim leaves out a message whose aggregate another
--- message's row carries, and gives the aggregate back once that lease has ended (part 37,
--- _inbox_claim_leases). Processing the carrier ends it too, but raises last_seq to at least
--- every other sequence in flight, and a head whose aggregate has a message in flight up to
--- last_seq + 1 is never claimed (part 35, builders). Only the carrier failing (a retry time)
--- frees the aggregate while others of it still run (docs/design.md §7.3). Every lease is
--- seen: enable_inbox_ordering runs in READ COMMITTED and first waits for the open claims of
--- the inbox (their leases are written at commit); the caller's own are settled here.
--- Aggregates that rows carried in an earlier ordered period, or under another mapping, are
--- cleared first. The leases' messages are read with the table owner's rights; what comes
--- back is ids, aggregates and times of this inbox.
-CREATE FUNCTION mailbox._inbox_hold_in_flight(p_inbox mailbox._inbox)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    c jsonb := p_inbox.columns;
-BEGIN
-    -- this transaction's own open claims of the inbox (the only ones it can see) lease now
-    PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-      WHERE o.inbox_key = p_inbox.inbox_key;
-    UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
-     WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
-    UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
-      FROM pg_catalog.jsonb_to_recordset(mailbox._inbox_as_owner(p_inbox, pg_catalog.format(
-        'SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(''id'', h.id, ''agg'', h.agg,'
-        ' ''until'', h.until)), ''[]'') FROM (SELECT DISTINCT ON (1) %1$s::pg_catalog.text AS agg, l.event_id AS id,'
-        ' pg_catalog.max(l.lease_until) OVER (PARTITION BY %1$s) AS until'
-        ' FROM mailbox.%2$I AS l JOIN %3$I.%4$I AS t ON %5$s = %6$s'
-        ' WHERE l.lease_until > pg_catalog.clock_timestamp() AND %1$s IS NOT NULL AND %7$s IS NULL'
-        ' ORDER BY 1, %8$s DESC NULLS LAST, l.event_id) AS h',
-        mailbox._inbox_col(c, 'aggregate_id'), '_inbox_' || p_inbox.inbox_key || '_lease',
-        p_inbox.schema_name, p_inbox.table_name, mailbox._inbox_col(c, 'event_id'),
-        CASE WHEN p_inbox.casts ? 'event_id'
-             THEN pg_catalog.format('CAST(l.event_id AS %s)', p_inbox.casts ->> 'event_id')
-             ELSE 'l.event_id' END,
-        mailbox._inbox_col(c, 'processed_at'), mailbox._inbox_col(c, 'sequence_num')))) AS h (id text, agg text, until timestamptz)
-     WHERE l.inbox_key = p_inbox.inbox_key AND l.event_id = h.id;
-    -- while such a lease lasts, ordered claims probe each candidate head's aggregate
-    UPDATE mailbox._inbox AS i
-       SET held_until = (SELECT pg_catalog.max(l.lease_until) FROM mailbox._inbox_lease AS l
-                          WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL)
-     WHERE i.inbox_key = p_inbox.inbox_key;
-END
-$$;
-
 CREATE FUNCTION mailbox.enable_inbox_ordering(
     p_inbox text,
     p_aggregate_id_col text DEFAULT 'aggregate_id',
@@ -183,6 +131,7 @@ BEGIN
     -- leases are written at its commit, and _inbox_hold_in_flight below must see them all
     -- (after the checks above, so a refused call never waits)
     EXECUTE pg_catalog.format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_old.schema_name, v_old.table_name);
+    PERFORM mailbox._inbox_refuse_unorderable(v_old, v_new);
     UPDATE mailbox._inbox SET columns = v_new.columns, ordering_first_sequence = p_first_sequence
      WHERE inbox_key = v_old.inbox_key;
     PERFORM mailbox._inbox_seed_aggregates(v_old, v_new);

@@ -245,7 +245,9 @@ $$;
 -- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
 -- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
 -- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
--- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check.
+-- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check. (A
+-- receive in that position is not checked: the same read cost every receive 3 us, see
+-- docs/inbox-ordering.md.)
 -- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
 -- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
 -- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
