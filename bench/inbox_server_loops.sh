@@ -4,17 +4,19 @@
 # installed side by side), alternating which database goes first. Before each run the tables
 # are refilled, VACUUM ANALYZEd and CHECKPOINTed.
 #
-# usage: bench/inbox_server_loops.sh ITERS BATCH per_message|batch|receive|ordered ROUNDS DB [DB ...]
+# usage: bench/inbox_server_loops.sh ITERS BATCH per_message|batch|marks|receive|ordered ROUNDS DB [DB ...]
 #   e.g. bench/inbox_server_loops.sh 1000 10 per_message 7 profold prof
-#   (receive: ITERS single-message receives, each committed; BATCH is ignored;
+#   (marks: ITERS x BATCH marks of unclaimed messages, a commit every 10, no claims;
+#    receive: ITERS single-message receives, each committed; BATCH is ignored;
 #    ordered: ITERS claims of BATCH + a batch mark on an ordered inbox holding ITERS x BATCH
 #    messages over AGGS aggregates, env, default 1000, received in turn or, with env
 #    BURSTS=1, each aggregate's messages together; no baseline)
 # env: PGHOST (127.0.0.1), PGUSER (postgres); BASELINE=1 runs the plain-SQL baseline
-#   (bench_plain, or bench_receive with plain INSERTs) instead of pg_mailbox's calls.
+#   (bench_plain, bench_marks with plain UPDATEs, or bench_receive with plain INSERTs)
+#   instead of pg_mailbox's calls.
 set -euo pipefail
 if [ $# -lt 5 ]; then
-    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,15p' >&2
+    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,17p' >&2
     exit 2
 fi
 iters=$1 batch=$2 mode=$3 rounds=$4
@@ -42,6 +44,9 @@ for round in $(seq 1 "$rounds"); do
             psql -X -q -d "$db" -c "CALL bench_ordered_fill($((iters * batch)), ${AGGS:-1000}, ${BURSTS:-0} = 1)" \
                 -c "VACUUM ANALYZE mailbox.ordc" -c "CHECKPOINT"
             call="CALL bench_ordered($iters, $batch)"
+        fi
+        if [ "$mode" = marks ]; then
+            call="CALL bench_marks($((iters * batch)), $([ "${BASELINE:-0}" = 1 ] && echo true || echo false))"
         fi
         if [ "$mode" = receive ]; then
             call="CALL bench_receive($iters, $([ "${BASELINE:-0}" = 1 ] && echo true || echo false))"

@@ -11,6 +11,9 @@
 --   CALL bench_plain(iters, batch, per_message)
 --                                       the same with SELECT ... FOR UPDATE SKIP LOCKED and
 --                                       UPDATE, per message or per batch
+--   CALL bench_marks(n, plain)          n x inbox_mark_processed of an unclaimed message of
+--                                       'clm' (or, plain, one UPDATE of public.plain_inbox),
+--                                       a COMMIT every 10: the mark alone (after bench_fill(n))
 --   CALL bench_receive(n, plain)        n x (inbox_receive into inbox 'rcv', or with plain
 --                                       INSERT ... ON CONFLICT DO NOTHING into
 --                                       public.plain_inbox, COMMIT): new ids, emptied first
@@ -87,6 +90,26 @@ BEGIN
     END LOOP;
     RAISE NOTICE 'baseline: % us/msg',
         round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / (iters * batch))::numeric, 2);
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_marks(n int, plain boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1 .. n LOOP
+        IF plain THEN
+            UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = 'c-' || i;
+        ELSE
+            PERFORM mailbox.inbox_mark_processed('clm', 'c-' || i);
+        END IF;
+        IF i % 10 = 0 THEN
+            COMMIT;
+        END IF;
+    END LOOP;
+    RAISE NOTICE '%: % us/msg', CASE WHEN plain THEN 'baseline' ELSE 'pg_mailbox' END,
+        round((extract(epoch FROM clock_timestamp() - t0) * 1e6 / n)::numeric, 2);
 END
 $$;
 

@@ -1,7 +1,8 @@
 """bench/inbox_server_loops.sh runs every mode and prints one time per round.
 
 A smoke run with tiny sizes (the numbers mean nothing) in the test's database: the claim
-loops per message and per batch with their plain-SQL baselines, the committed receives, and
+loops per message and per batch with their plain-SQL baselines, the marks alone, the
+committed receives, and
 the ordered claims, which must take one message per aggregate per claim and leave no
 aggregate's lower sequence unprocessed behind a processed higher one (also with each
 aggregate's messages received together, BURSTS=1).
@@ -46,6 +47,8 @@ def test_every_mode_prints_a_time_per_round(pg_cluster, dsn: str) -> None:
         ("per_message", "5", "0"),
         ("batch", "10", "0"),
         ("batch", "10", "1"),
+        ("marks", "5", "0"),
+        ("marks", "5", "1"),
         ("receive", "1", "0"),
         ("receive", "1", "1"),
         ("ordered", "10", "0"),
