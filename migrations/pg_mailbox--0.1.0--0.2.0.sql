@@ -5916,17 +5916,23 @@ BEGIN
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
-    -- sequence it added to each) and the change of the unprocessed and processed counts
+    -- sequence it added to each) and the change of the unprocessed and processed counts. An
+    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
+    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
+    -- that made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
-        SELECT %4$s, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+        SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated(%6$L) ELSE %4$s END,
+               coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
             SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
                    pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
-                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp,
+                   pg_catalog.bool_or(y.bad) AS bad
               FROM (SELECT CASE WHEN n.%3$I IS NULL AND n.%2$I IS NOT NULL THEN n.%1$I::pg_catalog.text END AS agg,
                            pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
-                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp,
+                           pg_catalog.bool_or(n.%3$I IS NULL AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -6358,7 +6364,9 @@ COMMENT ON FUNCTION mailbox.inbox_is_my_partition(text, int, int) IS
 -- sql/functions/34_inbox_ordering_switch.sql
 -- Part 34 (ordering switch): what enable_inbox_ordering does for an inbox that already has
 -- messages, beyond its catalog change (part 34, ordering): refuse while a pending message
--- could never be claimed once ordered, and hold the aggregates whose messages are in flight.
+-- could never be claimed once ordered, and hold the aggregates whose messages are in flight;
+-- and the code generated for an unordered inbox (part 35) that refuses to run on after an
+-- enable it waited for.
 
 -- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
 -- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
@@ -6439,6 +6447,68 @@ BEGIN
 END
 $$;
 
+-- A mark or receive of an unordered inbox runs the unordered code. One that looked the inbox
+-- up before an enable_inbox_ordering committed and then waited for the enable's lock on the
+-- table must not go on as if the inbox were still unordered: a mark records no aggregate
+-- position (the aggregate would wait for a sequence already processed), a receive stores a
+-- message without aggregate or sequence (no ordered claim takes it). Its statement reads the
+-- ordering again (in READ COMMITTED its snapshot is taken after the lock, so it sees the
+-- enable; one subquery of the statement, no statement of its own) and the call is refused
+-- with 40001 (p_call names it), as such a claim is (part 37, _inbox_check_unchanged).
+-- Ordered code needs no such check, and neither does a managed inbox's receive: the insert
+-- trigger the enable adds refuses what it stores (_inbox_refuse_unaggregated, below).
+-- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
+-- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
+-- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
+-- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
+-- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
+                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
+                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
+                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text, p_call text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
+    IF %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This %s read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$b$, p_var, p_call) END;
+$$;
+
+-- Raised by a managed ordered inbox's insert trigger (part 34, gap state) for a statement that
+-- stored a pending message without aggregate or sequence. The ordered receive refuses those
+-- before it inserts (22004), so this is a receive that looked the inbox up before
+-- enable_inbox_ordering committed and then waited for the enable's lock (the trigger came
+-- with the enable, and the INSERT, planned after the wait, fires it), in any isolation level;
+-- or an INSERT by hand. Returns nothing: it only raises (its int result fits the trigger's
+-- statement).
+CREATE OR REPLACE FUNCTION mailbox._inbox_refuse_unaggregated(p_inbox text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'inbox % is ordered: a pending message needs an aggregate and a sequence', p_inbox
+        USING ERRCODE = '40001',
+              DETAIL = 'This receive read the inbox before ordering was enabled, then waited for the enable''s lock and ran the unordered code (an INSERT by hand without them is refused the same way).',
+              HINT = 'Retry the transaction: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num.';
+END
+$$;
+
 -- sql/functions/35_inbox_builders.sql
 -- Part 35 (builders): the bodies of an inbox's generated per-message functions, one builder
 -- per function. Each takes the inbox's catalog row and returns the PL/pgSQL statements that
@@ -6496,11 +6566,20 @@ BEGIN
     -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
     v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
     v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
+    -- a receive that looked the inbox up before enable_inbox_ordering committed and then
+    -- waited for its lock runs this unordered code: it must not store a message without
+    -- aggregate or sequence, which no ordered claim takes. On a managed inbox the insert
+    -- trigger that the enable adds refuses it (part 34, gap state), at no cost before; an
+    -- adopted table gets no trigger, so its receive reads the ordering again in its INSERT
+    -- (a subquery of RETURNING, part 34, ordering switch)
     RETURN pg_catalog.format($b$%1$s
-    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING%6$s;%7$s
     RETURN FOUND;$b$,
         v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
-        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id');
+        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id',
+        CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
+             THEN ' RETURNING ' || mailbox._inbox_build_ordered_now(p_inbox) || ' INTO v_ordered' ELSE '' END,
+        CASE WHEN NOT p_inbox.is_managed THEN mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') ELSE '' END);
 END
 $$;
 
@@ -6681,47 +6760,6 @@ AS $$
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
--- A mark of an unordered inbox runs the unordered code, which records no aggregate position.
--- One that looked the inbox up before an enable_inbox_ordering committed and then waited for
--- the enable's lock on the table must not return as if the inbox were still unordered: the
--- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
--- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
--- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
--- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check. (A
--- receive in that position is not checked: the same read cost every receive 3 us, see
--- docs/inbox-ordering.md.)
--- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
--- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
--- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
--- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
--- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
-CREATE OR REPLACE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
-                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
-                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
-                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
-                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
-                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
-$$;
-
-CREATE OR REPLACE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
-    IF %s THEN
-        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
-    END IF;$b$, p_var) END;
-$$;
-
 -- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
 -- inbox is ordered); inbox_mark_processed settles lease and ordering.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
@@ -6739,7 +6777,7 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -6951,7 +6989,8 @@ BEGIN
     PERFORM mailbox._inbox_define(p_inbox, 'receive',
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
-        'boolean', '', mailbox._inbox_build_receive(p_inbox));
+        'boolean', CASE WHEN p_inbox.is_managed THEN '' ELSE $d$
+    v_ordered pg_catalog.bool;$d$ END, mailbox._inbox_build_receive(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz, boolean', 'mailbox._inbox_message[]', '',
         mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
@@ -7349,34 +7388,42 @@ BEGIN
     -- receive_batch(row, messages): the messages (a json array of objects keyed by the
     -- inbox_receive parameter names, checked by inbox_receive_batch) parsed in one pass; true
     -- for each message stored, in input order; of ids repeated in the batch only the first
-    -- is stored (later ones are duplicates)
+    -- is stored (later ones are duplicates); refused when ordering was enabled while it
+    -- waited (as the single receive, part 35, builders)
     PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
     v_bad pg_catalog.bool[];
-    v_result pg_catalog.bool[];$d$,
+    v_result pg_catalog.bool[];
+    v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
               FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (%7$s)) WITH ORDINALITY AS m (%8$s, n)
         ), ins AS (
             INSERT INTO %2$s AS t (%3$s)
-            SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+            SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1%12$s ORDER BY m.n
                 ON CONFLICT (%6$I) DO NOTHING
             RETURNING t.%6$I AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[%1$s]
-          INTO v_result, v_bad
-          FROM m LEFT JOIN ins ON ins.id = %5$s;%9$s
+               ARRAY[%1$s], %10$s
+          INTO v_result, v_bad, v_ordered
+          FROM m LEFT JOIN ins ON ins.id = %5$s;%11$s%9$s
     RETURN v_result;$b$,
         pg_catalog.array_to_string(v_tests, ', '), v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
         v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
-        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise));
+        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise,
+        CASE WHEN p_inbox.is_managed THEN 'FALSE' ELSE mailbox._inbox_build_ordered_now(p_inbox) END,
+        CASE WHEN p_inbox.is_managed THEN '' ELSE mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') END,
+        -- (ordered: a message without aggregate or sequence is not inserted, so the check
+        -- above raises 22004, not the insert trigger of a managed inbox, part 34, gap state)
+        CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL
+             THEN ' AND m.p_aggregate_id IS NOT NULL AND m.p_sequence_num IS NOT NULL' ELSE '' END));
 
     -- processed_batch(row, ids): marks those unprocessed (= ANY of the ids: one primary-key
     -- scan for the whole array, 0.65 us a message less than a join with unnest(ids), see
     -- docs/benchmarks.md; a repeated id is marked once); what it marked (id, and for ordering
     -- its aggregate and sequence), for inbox_mark_processed to settle leases; refused when
-    -- ordering was enabled while it waited (part 35, _inbox_build_refuse_ordered)
+    -- ordering was enabled while it waited (part 34, ordering switch, _inbox_build_refuse_ordered)
     PERFORM mailbox._inbox_define(p_inbox, 'processed_batch', 'text[]', 'mailbox._inbox_done[]', $d$
     v_result mailbox._inbox_done[];
     v_ordered pg_catalog.bool;$d$,
@@ -7393,7 +7440,7 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)

@@ -71,17 +71,23 @@ BEGIN
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
-    -- sequence it added to each) and the change of the unprocessed and processed counts
+    -- sequence it added to each) and the change of the unprocessed and processed counts. An
+    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
+    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
+    -- that made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
-        SELECT %4$s, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+        SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated(%6$L) ELSE %4$s END,
+               coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
             SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
                    pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
-                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp,
+                   pg_catalog.bool_or(y.bad) AS bad
               FROM (SELECT CASE WHEN n.%3$I IS NULL AND n.%2$I IS NOT NULL THEN n.%1$I::pg_catalog.text END AS agg,
                            pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
-                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp
+                           pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp,
+                           pg_catalog.bool_or(n.%3$I IS NULL AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN

@@ -1,6 +1,8 @@
 -- Part 34 (ordering switch): what enable_inbox_ordering does for an inbox that already has
 -- messages, beyond its catalog change (part 34, ordering): refuse while a pending message
--- could never be claimed once ordered, and hold the aggregates whose messages are in flight.
+-- could never be claimed once ordered, and hold the aggregates whose messages are in flight;
+-- and the code generated for an unordered inbox (part 35) that refuses to run on after an
+-- enable it waited for.
 
 -- Messages in flight when ordering is enabled were claimed without it: their lease rows carry
 -- no aggregate, and a claim's walk looks at leases only up to an aggregate's head, so a3
@@ -78,5 +80,67 @@ BEGIN
                                              c ->> 'aggregate_id', c ->> 'sequence_num', v_found ->> 'id'),
                   HINT = 'Let the workers process them first, or set their aggregate and sequence, then enable ordering.';
     END IF;
+END
+$$;
+
+-- A mark or receive of an unordered inbox runs the unordered code. One that looked the inbox
+-- up before an enable_inbox_ordering committed and then waited for the enable's lock on the
+-- table must not go on as if the inbox were still unordered: a mark records no aggregate
+-- position (the aggregate would wait for a sequence already processed), a receive stores a
+-- message without aggregate or sequence (no ordered claim takes it). Its statement reads the
+-- ordering again (in READ COMMITTED its snapshot is taken after the lock, so it sees the
+-- enable; one subquery of the statement, no statement of its own) and the call is refused
+-- with 40001 (p_call names it), as such a claim is (part 37, _inbox_check_unchanged).
+-- Ordered code needs no such check, and neither does a managed inbox's receive: the insert
+-- trigger the enable adds refuses what it stores (_inbox_refuse_unaggregated, below).
+-- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
+-- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
+-- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
+-- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
+-- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
+CREATE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
+                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
+                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
+                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
+                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
+$$;
+
+CREATE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text, p_call text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
+    IF %s THEN
+        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This %s read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;$b$, p_var, p_call) END;
+$$;
+
+-- Raised by a managed ordered inbox's insert trigger (part 34, gap state) for a statement that
+-- stored a pending message without aggregate or sequence. The ordered receive refuses those
+-- before it inserts (22004), so this is a receive that looked the inbox up before
+-- enable_inbox_ordering committed and then waited for the enable's lock (the trigger came
+-- with the enable, and the INSERT, planned after the wait, fires it), in any isolation level;
+-- or an INSERT by hand. Returns nothing: it only raises (its int result fits the trigger's
+-- statement).
+CREATE FUNCTION mailbox._inbox_refuse_unaggregated(p_inbox text)
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'inbox % is ordered: a pending message needs an aggregate and a sequence', p_inbox
+        USING ERRCODE = '40001',
+              DETAIL = 'This receive read the inbox before ordering was enabled, then waited for the enable''s lock and ran the unordered code (an INSERT by hand without them is refused the same way).',
+              HINT = 'Retry the transaction: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num.';
 END
 $$;

@@ -54,11 +54,20 @@ BEGIN
     -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
     v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
     v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
+    -- a receive that looked the inbox up before enable_inbox_ordering committed and then
+    -- waited for its lock runs this unordered code: it must not store a message without
+    -- aggregate or sequence, which no ordered claim takes. On a managed inbox the insert
+    -- trigger that the enable adds refuses it (part 34, gap state), at no cost before; an
+    -- adopted table gets no trigger, so its receive reads the ordering again in its INSERT
+    -- (a subquery of RETURNING, part 34, ordering switch)
     RETURN pg_catalog.format($b$%1$s
-    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING%6$s;%7$s
     RETURN FOUND;$b$,
         v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
-        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id');
+        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id',
+        CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
+             THEN ' RETURNING ' || mailbox._inbox_build_ordered_now(p_inbox) || ' INTO v_ordered' ELSE '' END,
+        CASE WHEN NOT p_inbox.is_managed THEN mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') ELSE '' END);
 END
 $$;
 
@@ -239,47 +248,6 @@ AS $$
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
--- A mark of an unordered inbox runs the unordered code, which records no aggregate position.
--- One that looked the inbox up before an enable_inbox_ordering committed and then waited for
--- the enable's lock on the table must not return as if the inbox were still unordered: the
--- aggregate would wait for a sequence already processed. Its UPDATE reads the ordering again
--- (in READ COMMITTED its snapshot is taken after the lock, so it sees the enable; one
--- subquery of the statement, no statement of its own) and the mark is refused with 40001, as
--- such a claim is (part 37, _inbox_check_unchanged). Ordered code needs no such check. (A
--- receive in that position is not checked: the same read cost every receive 3 us, see
--- docs/inbox-ordering.md.)
--- _inbox_build_ordered_now: the value to read (FALSE for an ordered inbox). The extension
--- owner's code reads the catalog table; a table owner's, the inbox's config view (part 31),
--- which drop_inbox drops: a worker that reads it while a drop_inbox waits for another view
--- it holds can deadlock (docs/inbox.md, drop_inbox), so only adopted tables pay that.
--- _inbox_build_refuse_ordered: the refusal when p_var holds TRUE.
-CREATE FUNCTION mailbox._inbox_build_ordered_now(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN 'FALSE'
-                WHEN mailbox._inbox_owner(p_inbox) = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
-                THEN pg_catalog.format('(SELECT i.ordering_first_sequence FROM mailbox._inbox AS i'
-                                       ' WHERE i.inbox_key = %s) IS NOT NULL', p_inbox.inbox_key)
-                ELSE pg_catalog.format('(SELECT c.ordering_first_sequence FROM mailbox.%I AS c) IS NOT NULL',
-                                       '_inbox_' || p_inbox.inbox_key || '_config') END;
-$$;
-
-CREATE FUNCTION mailbox._inbox_build_refuse_ordered(p_inbox mailbox._inbox, p_var text)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE pg_catalog.format($b$
-    IF %s THEN
-        RAISE EXCEPTION 'inbox %% changed its ordering or priority while this transaction was open', ($1).inbox_name
-            USING ERRCODE = '40001',
-                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
-                  HINT = 'Retry the transaction: the next one uses the new configuration.';
-    END IF;$b$, p_var) END;
-$$;
-
 -- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
 -- inbox is ordered); inbox_mark_processed settles lease and ordering.
 CREATE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
@@ -297,7 +265,7 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 

@@ -83,34 +83,42 @@ BEGIN
     -- receive_batch(row, messages): the messages (a json array of objects keyed by the
     -- inbox_receive parameter names, checked by inbox_receive_batch) parsed in one pass; true
     -- for each message stored, in input order; of ids repeated in the batch only the first
-    -- is stored (later ones are duplicates)
+    -- is stored (later ones are duplicates); refused when ordering was enabled while it
+    -- waited (as the single receive, part 35, builders)
     PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
     v_bad pg_catalog.bool[];
-    v_result pg_catalog.bool[];$d$,
+    v_result pg_catalog.bool[];
+    v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
               FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (%7$s)) WITH ORDINALITY AS m (%8$s, n)
         ), ins AS (
             INSERT INTO %2$s AS t (%3$s)
-            SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+            SELECT %4$s FROM m WHERE m.k OPERATOR(pg_catalog.=) 1%12$s ORDER BY m.n
                 ON CONFLICT (%6$I) DO NOTHING
             RETURNING t.%6$I AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[%1$s]
-          INTO v_result, v_bad
-          FROM m LEFT JOIN ins ON ins.id = %5$s;%9$s
+               ARRAY[%1$s], %10$s
+          INTO v_result, v_bad, v_ordered
+          FROM m LEFT JOIN ins ON ins.id = %5$s;%11$s%9$s
     RETURN v_result;$b$,
         pg_catalog.array_to_string(v_tests, ', '), v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
         v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
-        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise));
+        (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise,
+        CASE WHEN p_inbox.is_managed THEN 'FALSE' ELSE mailbox._inbox_build_ordered_now(p_inbox) END,
+        CASE WHEN p_inbox.is_managed THEN '' ELSE mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') END,
+        -- (ordered: a message without aggregate or sequence is not inserted, so the check
+        -- above raises 22004, not the insert trigger of a managed inbox, part 34, gap state)
+        CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL
+             THEN ' AND m.p_aggregate_id IS NOT NULL AND m.p_sequence_num IS NOT NULL' ELSE '' END));
 
     -- processed_batch(row, ids): marks those unprocessed (= ANY of the ids: one primary-key
     -- scan for the whole array, 0.65 us a message less than a join with unnest(ids), see
     -- docs/benchmarks.md; a repeated id is marked once); what it marked (id, and for ordering
     -- its aggregate and sequence), for inbox_mark_processed to settle leases; refused when
-    -- ordering was enabled while it waited (part 35, _inbox_build_refuse_ordered)
+    -- ordering was enabled while it waited (part 34, ordering switch, _inbox_build_refuse_ordered)
     PERFORM mailbox._inbox_define(p_inbox, 'processed_batch', 'text[]', 'mailbox._inbox_done[]', $d$
     v_result mailbox._inbox_done[];
     v_ordered pg_catalog.bool;$d$,
@@ -127,7 +135,7 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)

@@ -174,6 +174,7 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive(mailbox._inbox, text, jsonb,
 AS $function$
 #variable_conflict use_column
 DECLARE
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive of inbox legacy', '<owner>'::pg_catalog.name
@@ -229,7 +230,13 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
     END IF;
-    INSERT INTO public.legacy AS t (id, got, tries) VALUES ($2, pg_catalog.now(), 0) ON CONFLICT (id) DO NOTHING;
+    INSERT INTO public.legacy AS t (id, got, tries) VALUES ($2, pg_catalog.now(), 0) ON CONFLICT (id) DO NOTHING RETURNING (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL INTO v_ordered;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This receive read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     RETURN FOUND;
 END$function$
 
@@ -243,6 +250,7 @@ AS $function$
 DECLARE
     v_bad pg_catalog.bool[];
     v_result pg_catalog.bool[];
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox legacy', '<owner>'::pg_catalog.name
@@ -268,9 +276,15 @@ BEGIN
             RETURNING t.id AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[pg_catalog.bool_or(m.p_payload IS NOT NULL), pg_catalog.bool_or(m.p_event_type IS NOT NULL), pg_catalog.bool_or(m.p_source IS NOT NULL), pg_catalog.bool_or(m.p_aggregate_id IS NOT NULL), pg_catalog.bool_or(m.p_sequence_num IS NOT NULL), pg_catalog.bool_or(m.p_headers IS NOT NULL), pg_catalog.bool_or(m.p_trace_id IS NOT NULL), pg_catalog.bool_or(m.p_priority IS NOT NULL), FALSE]
-          INTO v_result, v_bad
+               ARRAY[pg_catalog.bool_or(m.p_payload IS NOT NULL), pg_catalog.bool_or(m.p_event_type IS NOT NULL), pg_catalog.bool_or(m.p_source IS NOT NULL), pg_catalog.bool_or(m.p_aggregate_id IS NOT NULL), pg_catalog.bool_or(m.p_sequence_num IS NOT NULL), pg_catalog.bool_or(m.p_headers IS NOT NULL), pg_catalog.bool_or(m.p_trace_id IS NOT NULL), pg_catalog.bool_or(m.p_priority IS NOT NULL), FALSE], (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL
+          INTO v_result, v_bad, v_ordered
           FROM m LEFT JOIN ins ON ins.id = m.p_event_id;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This receive read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
     IF v_bad[1] THEN
         RAISE EXCEPTION 'inbox % has no column for payload', ($1).inbox_name
             USING ERRCODE = '22023',

@@ -214,6 +214,7 @@ AS $function$
 DECLARE
     v_bad pg_catalog.bool[];
     v_result pg_catalog.bool[];
+    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox gen', 'postgres'::pg_catalog.name
@@ -234,13 +235,13 @@ BEGIN
               FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text, p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8, p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4)) WITH ORDINALITY AS m (p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority, n)
         ), ins AS (
             INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count)
-            SELECT m.p_event_id, m.p_payload, m.p_event_type, m.p_source, m.p_aggregate_id, m.p_sequence_num, m.p_headers, m.p_trace_id, CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END, pg_catalog.now(), 0 FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+            SELECT m.p_event_id, m.p_payload, m.p_event_type, m.p_source, m.p_aggregate_id, m.p_sequence_num, m.p_headers, m.p_trace_id, CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END, pg_catalog.now(), 0 FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 AND m.p_aggregate_id IS NOT NULL AND m.p_sequence_num IS NOT NULL ORDER BY m.n
                 ON CONFLICT (event_id) DO NOTHING
             RETURNING t.event_id AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL), pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE]
-          INTO v_result, v_bad
+               ARRAY[pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL), pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE], FALSE
+          INTO v_result, v_bad, v_ordered
           FROM m LEFT JOIN ins ON ins.id = m.p_event_id;
     IF v_bad[1] THEN
         RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
@@ -269,17 +270,23 @@ BEGIN
             USING ERRCODE = '42501', HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
-    -- sequence it added to each) and the change of the unprocessed and processed counts
+    -- sequence it added to each) and the change of the unprocessed and processed counts. An
+    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
+    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
+    -- that made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
-        SELECT 1, coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
+        SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated('gen') ELSE 1 END,
+               coalesce(x.aggs, '{}'), coalesce(x.mins, '{}'), x.du, x.dp FROM (
             SELECT pg_catalog.array_agg(y.agg) FILTER (WHERE y.agg IS NOT NULL) AS aggs,
                    pg_catalog.array_agg(y.mn) FILTER (WHERE y.agg IS NOT NULL) AS mins,
-                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp
+                   pg_catalog.sum(y.du)::pg_catalog.int8 AS du, pg_catalog.sum(y.dp)::pg_catalog.int8 AS dp,
+                   pg_catalog.bool_or(y.bad) AS bad
               FROM (SELECT CASE WHEN n.processed_at IS NULL AND n.sequence_num IS NOT NULL THEN n.aggregate_id::pg_catalog.text END AS agg,
                            pg_catalog.min(n.sequence_num::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.processed_at IS NULL) AS du,
-                           pg_catalog.count(*) FILTER (WHERE n.processed_at IS NOT NULL) AS dp
+                           pg_catalog.count(*) FILTER (WHERE n.processed_at IS NOT NULL) AS dp,
+                           pg_catalog.bool_or(n.processed_at IS NULL AND (n.aggregate_id IS NULL OR n.sequence_num IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN

@@ -886,10 +886,9 @@ def test_a_mark_that_waited_for_enable_ordering_is_refused_and_its_retry_records
     assert claimed_ids(connect(), "h", "w2") == ["a2"]
 
 
-def test_a_mark_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_refused(db, connect):
-    """As above, on a table adopted from another owner: its generated functions run as that
-    owner and read the ordering through the inbox's config view (part 35, builders), which
-    that owner may read (not 42501), and the retry records the position."""
+def tenants_adopted_inbox(db):
+    """Inbox h on public.legacy (no payload column; aggregate_id and sequence_num), a table
+    owned by a new role, which is returned."""
     owner = make_role(db)
     db.execute(
         "CREATE TABLE public.legacy (id text PRIMARY KEY, done timestamptz,"
@@ -901,6 +900,14 @@ def test_a_mark_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_re
         "SELECT mailbox.enable_inbox_tracking('h', 'public.legacy', 'id', 'done', 'tries',"
         " p_received_at_column => 'got')"
     )
+    return owner
+
+
+def test_a_mark_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_refused(db, connect):
+    """As above, on a table adopted from another owner: its generated functions run as that
+    owner and read the ordering through the inbox's config view (part 35, builders), which
+    that owner may read (not 42501), and the retry records the position."""
+    owner = tenants_adopted_inbox(db)
     db.execute(
         "INSERT INTO public.legacy (id, aggregate_id, sequence_num)"
         " VALUES ('a1', 'A', 1), ('a2', 'A', 2)"
@@ -915,23 +922,22 @@ def test_a_mark_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_re
     drop_role(db, owner)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/inbox-ordering.md, 'Switching while workers run'): a receive that"
-    " waited for enable_inbox_ordering's lock stores a message without aggregate or sequence,"
-    " which no ordered claim takes; the check a mark makes cost every receive 3 us",
-)
+RECEIVES_WITHOUT_AGGREGATE = {
+    "one": "SELECT mailbox.inbox_receive('h', 'n1', '{}')",
+    "batch": """SELECT count(*) FROM mailbox.inbox_receive_batch('h', '[{"p_event_id": "n2"}]')""",
+}
+
+
 def test_a_receive_that_waited_for_enable_ordering_is_refused_not_stored_unclaimable(db, connect):
     """docs/inbox-ordering.md (switching while workers run): a receive that looked the inbox
     up before enable_inbox_ordering committed and then waited for its table lock ran the
     unordered code, which stored a message without aggregate or sequence that an ordered
     claim never takes (found by a review). It gets 40001 and stores nothing; the retry is
-    refused as any receive without them on an ordered inbox (22004). Both forms."""
+    refused as any receive without them on an ordered inbox (22004). Both forms. (On a
+    managed inbox the insert trigger that the enable adds refuses the row.)"""
     db.execute("SELECT mailbox.create_inbox('h')")
     receive(db, "h", "a1", "A", 1)
-    one = "SELECT mailbox.inbox_receive('h', 'n1', '{}')"
-    batch = """SELECT count(*) FROM mailbox.inbox_receive_batch('h', '[{"p_event_id": "n2"}]')"""
-    for call in (one, batch):
+    for call in (RECEIVES_WITHOUT_AGGREGATE["one"], RECEIVES_WITHOUT_AGGREGATE["batch"]):
         receiver = connect()
         value, error = call_behind_enable(db, connect, call, receiver)
         assert error is not None and error.sqlstate == "40001", (value, error)
@@ -940,6 +946,68 @@ def test_a_receive_that_waited_for_enable_ordering_is_refused_not_stored_unclaim
             receiver.execute(call)
         db.execute("SELECT mailbox.disable_inbox_ordering('h')")
     assert rows(db, "SELECT event_id FROM mailbox.h ORDER BY 1") == [("a1",)]
+
+
+@pytest.mark.parametrize("form", sorted(RECEIVES_WITHOUT_AGGREGATE))
+def test_a_repeatable_read_receive_that_waited_for_enable_ordering_is_refused(db, connect, form):
+    """As above, under REPEATABLE READ, whose snapshot predates the enable: on a managed inbox
+    the insert trigger that the enable adds (part 34, gap state) refuses the row, whatever
+    the snapshot, so nothing is stored unclaimable."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a1", "A", 1)
+    receiver = connect()
+    receiver.execute("SET default_transaction_isolation = 'repeatable read'")
+    call = RECEIVES_WITHOUT_AGGREGATE[form]
+    value, error = call_behind_enable(db, connect, call, receiver)
+    assert error is not None and error.sqlstate == "40001", (value, error)
+    assert "This receive read the inbox" in error.diag.message_detail
+    assert error.diag.message_hint
+    assert rows(db, "SELECT event_id FROM mailbox.h ORDER BY 1") == [("a1",)]
+    with raises("22004"):
+        receiver.execute(call)
+
+
+@pytest.mark.parametrize("form", sorted(RECEIVES_WITHOUT_AGGREGATE))
+def test_a_receive_on_a_tenants_adopted_table_that_waited_for_enable_ordering_is_refused(
+    db, connect, form
+):
+    """An adopted table gets no trigger, so its unordered receive reads the ordering again in
+    its INSERT, through the inbox's config view (which the table's owner, whose rights the
+    generated functions run with, may read): 40001 and nothing stored, in READ COMMITTED."""
+    owner = tenants_adopted_inbox(db)
+    db.execute("INSERT INTO public.legacy (id, aggregate_id, sequence_num) VALUES ('a1', 'A', 1)")
+    receiver = connect()
+    # (the table has no payload column)
+    call = RECEIVES_WITHOUT_AGGREGATE[form].replace("'{}')", "NULL)")
+    value, error = call_behind_enable(db, connect, call, receiver)
+    assert error is not None and error.sqlstate == "40001", (value, error)
+    assert "This receive read the inbox" in error.diag.message_detail
+    assert rows(db, "SELECT id FROM public.legacy ORDER BY 1") == [("a1",)]
+    with raises("22004"):
+        receiver.execute(call)
+    db.execute("SELECT mailbox.drop_inbox('h')")
+    db.execute("DROP TABLE public.legacy")
+    drop_role(db, owner)
+
+
+def test_an_insert_by_hand_without_aggregate_into_an_ordered_managed_inbox_is_refused(db):
+    """The insert trigger of a managed ordered inbox refuses any pending row without
+    aggregate or sequence, also one written by hand (40001, the inbox named); a processed
+    row and one with both go in."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('h')")
+    with raises("40001") as info:
+        db.execute("INSERT INTO mailbox.h (event_id, payload) VALUES ('x', '{}')")
+    assert "inbox h is ordered" in str(info.value)
+    db.execute(
+        "INSERT INTO mailbox.h (event_id, payload, processed_at) VALUES ('done', '{}', now())"
+    )
+    db.execute(
+        "INSERT INTO mailbox.h (event_id, payload, aggregate_id, sequence_num)"
+        " VALUES ('a1', '{}', 'A', 1)"
+    )
+    assert rows(db, "SELECT event_id FROM mailbox.h ORDER BY 1") == [("a1",), ("done",)]
+    assert heads(db, "h") == [("A", 1)]
 
 
 def test_enabling_ordering_with_a_pending_message_without_aggregate_is_refused(db):
