@@ -5917,9 +5917,10 @@ BEGIN
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
     -- sequence it added to each) and the change of the unprocessed and processed counts. An
-    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
-    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
-    -- that made this trigger (part 34, ordering switch)
+    -- INSERT of a pending message (neither processed nor a dead letter: max_retries never
+    -- changes) without aggregate or sequence, which no ordered claim takes, is refused: a
+    -- receive that ran the previous configuration's code after waiting for the enable that
+    -- made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
         SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated(%6$L) ELSE %4$s END,
@@ -5932,7 +5933,7 @@ BEGIN
                            pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp,
-                           pg_catalog.bool_or(n.%3$I IS NULL AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
+                           pg_catalog.bool_or(n.%3$I IS NULL AND n.%8$I < %9$s AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -5963,7 +5964,7 @@ BEGIN
     RETURN NULL;
 END$b$,
         c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_inbox.inbox_key,
-        mailbox._inbox_owner(p_inbox), p_inbox.inbox_name);
+        mailbox._inbox_owner(p_inbox), p_inbox.inbox_name, NULL, c ->> 'retry_count', p_inbox.max_retries);
 END
 $$;
 
@@ -6492,10 +6493,11 @@ $$;
 -- Raised by a managed ordered inbox's insert trigger (part 34, gap state) for a statement that
 -- stored a pending message without aggregate or sequence. The ordered receive refuses those
 -- before it inserts (22004), so this is a receive that looked the inbox up before
--- enable_inbox_ordering committed and then waited for the enable's lock (the trigger came
--- with the enable, and the INSERT, planned after the wait, fires it), in any isolation level;
--- or an INSERT by hand. Returns nothing: it only raises (its int result fits the trigger's
--- statement).
+-- enable_inbox_ordering committed (on an unordered inbox, or again with other columns) and
+-- then waited for the enable's lock (the trigger came with the enable, and the INSERT,
+-- planned after the wait, fires it), in any isolation level; or an INSERT by hand, which a
+-- retry does not mend (the HINT says so). Returns nothing: it only raises (its int result
+-- fits the trigger's statement).
 CREATE OR REPLACE FUNCTION mailbox._inbox_refuse_unaggregated(p_inbox text)
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -6504,8 +6506,8 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'inbox % is ordered: a pending message needs an aggregate and a sequence', p_inbox
         USING ERRCODE = '40001',
-              DETAIL = 'This receive read the inbox before ordering was enabled, then waited for the enable''s lock and ran the unordered code (an INSERT by hand without them is refused the same way).',
-              HINT = 'Retry the transaction: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num.';
+              DETAIL = 'This receive read the inbox before ordering was enabled or changed, then waited for the enable''s lock and ran the previous configuration''s code (an INSERT by hand without them is refused the same way).',
+              HINT = 'Retry a receive: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num. A row written by hand needs both, or processed_at.';
 END
 $$;
 

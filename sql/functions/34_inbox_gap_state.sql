@@ -72,9 +72,10 @@ BEGIN
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
     -- sequence it added to each) and the change of the unprocessed and processed counts. An
-    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
-    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
-    -- that made this trigger (part 34, ordering switch)
+    -- INSERT of a pending message (neither processed nor a dead letter: max_retries never
+    -- changes) without aggregate or sequence, which no ordered claim takes, is refused: a
+    -- receive that ran the previous configuration's code after waiting for the enable that
+    -- made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
         SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated(%6$L) ELSE %4$s END,
@@ -87,7 +88,7 @@ BEGIN
                            pg_catalog.min(n.%2$I::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NULL) AS du,
                            pg_catalog.count(*) FILTER (WHERE n.%3$I IS NOT NULL) AS dp,
-                           pg_catalog.bool_or(n.%3$I IS NULL AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
+                           pg_catalog.bool_or(n.%3$I IS NULL AND n.%8$I < %9$s AND (n.%1$I IS NULL OR n.%2$I IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN
@@ -118,7 +119,7 @@ BEGIN
     RETURN NULL;
 END$b$,
         c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'processed_at', p_inbox.inbox_key,
-        mailbox._inbox_owner(p_inbox), p_inbox.inbox_name);
+        mailbox._inbox_owner(p_inbox), p_inbox.inbox_name, NULL, c ->> 'retry_count', p_inbox.max_retries);
 END
 $$;
 

@@ -128,10 +128,11 @@ $$;
 -- Raised by a managed ordered inbox's insert trigger (part 34, gap state) for a statement that
 -- stored a pending message without aggregate or sequence. The ordered receive refuses those
 -- before it inserts (22004), so this is a receive that looked the inbox up before
--- enable_inbox_ordering committed and then waited for the enable's lock (the trigger came
--- with the enable, and the INSERT, planned after the wait, fires it), in any isolation level;
--- or an INSERT by hand. Returns nothing: it only raises (its int result fits the trigger's
--- statement).
+-- enable_inbox_ordering committed (on an unordered inbox, or again with other columns) and
+-- then waited for the enable's lock (the trigger came with the enable, and the INSERT,
+-- planned after the wait, fires it), in any isolation level; or an INSERT by hand, which a
+-- retry does not mend (the HINT says so). Returns nothing: it only raises (its int result
+-- fits the trigger's statement).
 CREATE FUNCTION mailbox._inbox_refuse_unaggregated(p_inbox text)
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -140,7 +141,7 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'inbox % is ordered: a pending message needs an aggregate and a sequence', p_inbox
         USING ERRCODE = '40001',
-              DETAIL = 'This receive read the inbox before ordering was enabled, then waited for the enable''s lock and ran the unordered code (an INSERT by hand without them is refused the same way).',
-              HINT = 'Retry the transaction: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num.';
+              DETAIL = 'This receive read the inbox before ordering was enabled or changed, then waited for the enable''s lock and ran the previous configuration''s code (an INSERT by hand without them is refused the same way).',
+              HINT = 'Retry a receive: the next one runs the ordered code, which requires p_aggregate_id and p_sequence_num. A row written by hand needs both, or processed_at.';
 END
 $$;

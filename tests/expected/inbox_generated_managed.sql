@@ -271,9 +271,10 @@ BEGIN
     END IF;
     -- per statement: the aggregates whose gaps may change (for an INSERT with the lowest
     -- sequence it added to each) and the change of the unprocessed and processed counts. An
-    -- INSERT of a pending message without aggregate or sequence (which no ordered claim
-    -- takes) is refused: a receive that ran the unordered code after waiting for the enable
-    -- that made this trigger (part 34, ordering switch)
+    -- INSERT of a pending message (neither processed nor a dead letter: max_retries never
+    -- changes) without aggregate or sequence, which no ordered claim takes, is refused: a
+    -- receive that ran the previous configuration's code after waiting for the enable that
+    -- made this trigger (part 34, ordering switch)
     IF TG_OP = 'INSERT' THEN
         INSERT INTO mailbox._inbox_gap_touched (inbox_key, aggregate_ids, min_seqs, d_unprocessed, d_processed)
         SELECT CASE WHEN x.bad THEN mailbox._inbox_refuse_unaggregated('gen') ELSE 1 END,
@@ -286,7 +287,7 @@ BEGIN
                            pg_catalog.min(n.sequence_num::pg_catalog.int8) AS mn,
                            pg_catalog.count(*) FILTER (WHERE n.processed_at IS NULL) AS du,
                            pg_catalog.count(*) FILTER (WHERE n.processed_at IS NOT NULL) AS dp,
-                           pg_catalog.bool_or(n.processed_at IS NULL AND (n.aggregate_id IS NULL OR n.sequence_num IS NULL)) AS bad
+                           pg_catalog.bool_or(n.processed_at IS NULL AND n.retry_count < 3 AND (n.aggregate_id IS NULL OR n.sequence_num IS NULL)) AS bad
                       FROM mailbox_new_rows AS n GROUP BY 1) AS y) AS x
          WHERE x.aggs IS NOT NULL OR x.du OPERATOR(pg_catalog.<>) 0 OR x.dp OPERATOR(pg_catalog.<>) 0;
     ELSIF TG_OP = 'UPDATE' THEN

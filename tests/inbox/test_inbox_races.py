@@ -1006,8 +1006,30 @@ def test_an_insert_by_hand_without_aggregate_into_an_ordered_managed_inbox_is_re
         "INSERT INTO mailbox.h (event_id, payload, aggregate_id, sequence_num)"
         " VALUES ('a1', '{}', 'A', 1)"
     )
-    assert rows(db, "SELECT event_id FROM mailbox.h ORDER BY 1") == [("a1",), ("done",)]
+    # a dead letter without them is not refused: enabling ordering allows those
+    db.execute("INSERT INTO mailbox.h (event_id, payload, retry_count) VALUES ('dead', '{}', 3)")
+    assert rows(db, "SELECT event_id FROM mailbox.h ORDER BY 1") == [
+        ("a1",),
+        ("dead",),
+        ("done",),
+    ]
     assert heads(db, "h") == [("A", 1)]
+
+
+def test_a_receive_that_waited_for_an_enable_with_other_columns_is_refused(db, connect):
+    """On a managed inbox whose table has two pairs of ordering columns, a receive that
+    looked the inbox up before enable_inbox_ordering with the other pair committed ran the
+    ordered code of the first pair: it would store a message the new columns do not order.
+    The insert trigger of the new configuration refuses it (40001, found by a review)."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    db.execute("ALTER TABLE mailbox.h ADD COLUMN agg2 text, ADD COLUMN seq2 bigint")
+    db.execute("SELECT mailbox.enable_inbox_ordering('h')")
+    receiver = connect()
+    call = "SELECT mailbox.inbox_receive('h', 'a1', '{}', NULL, NULL, 'A', 1)"
+    value, error = call_behind_enable(db, connect, call, receiver, "'agg2', 'seq2'")
+    assert error is not None and error.sqlstate == "40001", (value, error)
+    assert "This receive read the inbox" in error.diag.message_detail
+    assert rows(db, "SELECT event_id FROM mailbox.h") == []
 
 
 def test_enabling_ordering_with_a_pending_message_without_aggregate_is_refused(db):
