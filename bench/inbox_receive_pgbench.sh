@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The single receive from a client, as pgbench sees it: one message per transaction (each
+# committed), prepared statements, one connection, against two baselines in the same
+# database, interleaved, with synchronous_commit on and off (docs/benchmarks.md, "Why the
+# single receive moves between machines"):
+#   plain     INSERT ... ON CONFLICT (event_id) DO NOTHING into a plain table;
+#   ceiling   the same INSERT inside a SECURITY DEFINER PL/pgSQL function with a pinned
+#             search_path (what every pg_mailbox function must be), nothing else;
+#   receive   mailbox.inbox_receive into a managed inbox.
+# Each case's table is emptied, VACUUM ANALYZEd and CHECKPOINTed before its run. The ratio
+# is plain's time over the case's (a throughput ratio, as bench/inbox_bench.py prints it),
+# the median of the per-round ratios.
+#
+# usage: bench/inbox_receive_pgbench.sh TRANSACTIONS ROUNDS DB
+#   e.g. bench/inbox_receive_pgbench.sh 10000 5 postgres
+# env: PGHOST (127.0.0.1), PGUSER (postgres), PGPORT; SYNC: both (default), on or off;
+#      PGBENCH: the pgbench to run (default: pg_config --bindir's, else the PATH's).
+set -euo pipefail
+if [ $# -ne 3 ]; then
+    sed -n 's/^# \{0,1\}//p' "$0" | sed -n '2,17p' >&2
+    exit 2
+fi
+transactions=$1 rounds=$2 db=$3
+export PGHOST=${PGHOST:-127.0.0.1} PGUSER=${PGUSER:-postgres}
+pgbench=${PGBENCH:-$(command -v "$(pg_config --bindir 2>/dev/null)/pgbench" || command -v pgbench)}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+psql -X -q -v ON_ERROR_STOP=1 -d "$db" >/dev/null <<'SQL'
+SET client_min_messages = warning;
+SELECT mailbox.drop_inbox('pgb', p_cascade => true, p_if_exists => true);
+SELECT mailbox.create_inbox('pgb');
+DROP TABLE IF EXISTS public.pgb_plain CASCADE;
+CREATE TABLE public.pgb_plain (
+    event_id text PRIMARY KEY, event_type text, source text, aggregate_id text,
+    sequence_num bigint, priority smallint, payload jsonb, headers jsonb, trace_id text,
+    received_at timestamptz NOT NULL DEFAULT now(), processed_at timestamptz, error text,
+    retry_count int NOT NULL DEFAULT 0
+);
+CREATE INDEX pgb_plain_pending_idx ON public.pgb_plain (received_at) WHERE processed_at IS NULL;
+CREATE INDEX pgb_plain_processed_idx ON public.pgb_plain (processed_at) WHERE processed_at IS NOT NULL;
+CREATE OR REPLACE FUNCTION public.pgb_ceiling(p_event_id text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO public.pgb_plain (event_id, payload, event_type)
+    VALUES (p_event_id, '{"n": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+SQL
+
+printf '%s\n' '\set id random(1, 2000000000)' \
+    "INSERT INTO public.pgb_plain (event_id, payload, event_type) VALUES (:id, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;" \
+    >"$work/plain.sql"
+printf '%s\n' '\set id random(1, 2000000000)' 'SELECT public.pgb_ceiling(:id::text);' >"$work/ceiling.sql"
+printf '%s\n' '\set id random(1, 2000000000)' \
+    "SELECT mailbox.inbox_receive('pgb', :id::text, '{\"n\": 1}', 'bench');" >"$work/receive.sql"
+
+# usage: one CASE SYNC -> prints the average latency in microseconds
+one() {
+    local table=public.pgb_plain
+    [ "$1" = receive ] && table=mailbox.pgb
+    psql -X -q -d "$db" -c "TRUNCATE $table" -c "VACUUM ANALYZE $table" -c "CHECKPOINT"
+    PGOPTIONS="-c synchronous_commit=$2" "$pgbench" -n -M prepared -t "$transactions" \
+        -f "$work/$1.sql" "$db" 2>&1 \
+        | sed -n 's/^latency average = \([0-9.]*\) ms$/\1/p' | awk '{ printf "%.1f", $1 * 1000 }'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+case ${SYNC:-both} in
+    both) modes="on off" ;;
+    on | off) modes=$SYNC ;;
+    *) echo "SYNC is both, on or off" >&2; exit 2 ;;
+esac
+cases=(plain ceiling receive)
+for sync in $modes; do
+    : >"$work/ratios-$sync"
+    for round in $(seq 1 "$rounds"); do
+        order=("${cases[@]}")
+        [ $((round % 2)) = 0 ] && order=(receive ceiling plain)
+        line="round $round (synchronous_commit $sync):"
+        declare -A took=()
+        for c in "${order[@]}"; do
+            took[$c]=$(one "$c" "$sync")
+            line="$line  $c ${took[$c]} us"
+        done
+        echo "$line"
+        for c in "${cases[@]}"; do echo "$c ${took[$c]}" >>"$work/times-$sync"; done
+        echo "ceiling $(awk -v p="${took[plain]}" -v x="${took[ceiling]}" 'BEGIN { printf "%.3f", p / x }')" >>"$work/ratios-$sync"
+        echo "receive $(awk -v p="${took[plain]}" -v x="${took[receive]}" 'BEGIN { printf "%.3f", p / x }')" >>"$work/ratios-$sync"
+        unset took
+    done
+    summary="synchronous_commit $sync, medians:"
+    for c in "${cases[@]}"; do
+        t=$(awk -v c="$c" '$1 == c { print $2 }' "$work/times-$sync" | median)
+        summary="$summary  $c $t us"
+        if [ "$c" != plain ]; then
+            r=$(awk -v c="$c" '$1 == c { print $2 }' "$work/ratios-$sync" | median)
+            summary="$summary (ratio $(printf '%.2f' "$r"))"
+        fi
+    done
+    echo "$summary"
+done
+psql -X -q -d "$db" -c "SET client_min_messages = warning" \
+    -c "SELECT mailbox.drop_inbox('pgb', p_cascade => true)" \
+    -c "DROP TABLE public.pgb_plain CASCADE" -c "DROP FUNCTION public.pgb_ceiling(text)" >/dev/null
