@@ -5508,6 +5508,8 @@ DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_get(p_name);
     c jsonb := v_inbox.columns;
     v_set text := '';
+    v_unordered text := 'NULL::pg_catalog.text';
+    v_result jsonb;
     v_ids text[];
 BEGIN
     PERFORM mailbox._require(p_event_ids, 'p_event_ids');
@@ -5515,14 +5517,36 @@ BEGIN
     IF c ? 'error' THEN
         v_set := pg_catalog.format(', %I = NULL', c ->> 'error');
     END IF;
-    SELECT coalesce(pg_catalog.array_agg(x.id ORDER BY x.id), ARRAY[]::text[]) INTO v_ids
-      FROM pg_catalog.jsonb_array_elements_text(mailbox._inbox_as_owner(v_inbox, pg_catalog.format(
-        'WITH r AS (UPDATE %1$I.%2$I AS t SET %3$I = NULL, %4$I = 0%5$s'
+    -- an ordered claim never takes a message without aggregate or sequence: on an ordered
+    -- inbox such a message is not replayed, and if one is listed nothing is (55000, below)
+    IF v_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_unordered := pg_catalog.format(
+            '(SELECT t.%1$I::pg_catalog.text FROM %2$I.%3$I AS t WHERE t.%1$I = ANY (%4$s)'
+            ' AND (t.%5$I IS NOT NULL OR t.%6$I >= ($1).max_retries) AND (t.%7$I IS NULL OR t.%8$I IS NULL)'
+            ' ORDER BY 1 LIMIT 1)',
+            c ->> 'event_id', v_inbox.schema_name, v_inbox.table_name,
+            mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE), c ->> 'processed_at', c ->> 'retry_count',
+            c ->> 'aggregate_id', c ->> 'sequence_num');
+    END IF;
+    v_result := mailbox._inbox_as_owner(v_inbox, pg_catalog.format(
+        'WITH u AS (SELECT %8$s AS id),'
+        ' r AS (UPDATE %1$I.%2$I AS t SET %3$I = NULL, %4$I = 0%5$s'
         ' WHERE t.%6$I = ANY (%7$s) AND (t.%3$I IS NOT NULL OR t.%4$I >= ($1).max_retries)'
+        ' AND (SELECT u.id FROM u) IS NULL'
         ' RETURNING t.%6$I::pg_catalog.text AS id)'
-        ' SELECT coalesce(pg_catalog.jsonb_agg(r.id), ''[]'') FROM r',
+        ' SELECT pg_catalog.jsonb_build_object(''ids'', coalesce(pg_catalog.jsonb_agg(r.id), ''[]''),'
+        ' ''unordered'', (SELECT u.id FROM u)) FROM r',
         v_inbox.schema_name, v_inbox.table_name, c ->> 'processed_at', c ->> 'retry_count', v_set,
-        c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE)), NULL, p_event_ids)) AS x (id);
+        c ->> 'event_id', mailbox._inbox_param(v_inbox, 'event_id', 3, TRUE), v_unordered), NULL, p_event_ids);
+    IF v_result ->> 'unordered' IS NOT NULL THEN
+        RAISE EXCEPTION 'inbox % is ordered: a message without aggregate or sequence cannot be replayed', p_name
+            USING ERRCODE = '55000',
+                  DETAIL = pg_catalog.format('An ordered claim takes only messages with both (%s and %s); %s lacks one. Nothing was replayed.',
+                                             c ->> 'aggregate_id', c ->> 'sequence_num', v_result ->> 'unordered'),
+                  HINT = 'Give it an aggregate and a sequence, or disable ordering, then replay it; or leave it out.';
+    END IF;
+    SELECT coalesce(pg_catalog.array_agg(x.id ORDER BY x.id), ARRAY[]::text[]) INTO v_ids
+      FROM pg_catalog.jsonb_array_elements_text(v_result -> 'ids') AS x (id);
     IF pg_catalog.cardinality(v_ids) > 0 THEN
         DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = ANY (v_ids);
         PERFORM mailbox._inbox_unclaim(v_inbox.inbox_key, v_ids);

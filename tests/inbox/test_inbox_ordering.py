@@ -101,6 +101,33 @@ def test_a_dead_lettered_message_blocks_its_aggregate_until_replayed(ev):
     assert heads(db) == [("A", 3)]
 
 
+def test_a_message_without_aggregate_is_not_replayed_into_an_ordered_inbox(db):
+    """An ordered claim never takes a message without aggregate or sequence, so replaying one
+    into an ordered inbox would leave it pending for ever (found by a review). The replay is
+    refused (55000, DETAIL naming it, HINT), and nothing of the call is replayed; the other
+    ids alone go through, and after disabling ordering it does too."""
+    db.execute("SELECT mailbox.create_inbox('h', p_max_retries => 1)")
+    scalar(db, "SELECT mailbox.inbox_receive('h', 'n1', '{}')")
+    receive(db, "a1", "A", 1, inbox="h")
+    for event_id in ("n1", "a1"):
+        assert scalar(db, "SELECT mailbox.inbox_mark_failed('h', %s, 'x')", [event_id]) == (
+            "dead_letter"
+        )
+    db.execute("SELECT mailbox.enable_inbox_ordering('h')")
+    with raises("55000") as info:
+        db.execute("SELECT mailbox.replay_inbox_messages('h', ARRAY['a1', 'n1'])")
+    assert "cannot be replayed" in str(info.value)
+    assert "n1 lacks one" in info.value.diag.message_detail and info.value.diag.message_hint
+    assert rows(db, "SELECT event_id, retry_count FROM mailbox.h ORDER BY 1") == [
+        ("a1", 1),
+        ("n1", 1),
+    ]
+    assert scalar(db, "SELECT mailbox.replay_inbox_messages('h', ARRAY['a1'])") == 1
+    assert heads(db, "h") == [("A", 1)]
+    db.execute("SELECT mailbox.disable_inbox_ordering('h')")
+    assert scalar(db, "SELECT mailbox.replay_inbox_messages('h', ARRAY['n1'])") == 1
+
+
 def test_gaps_include_the_hole_after_the_last_processed_message(ev):
     db = ev
     for seq in (1, 2):
