@@ -46,6 +46,7 @@ import os
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -473,29 +474,9 @@ def bench_claim(dsn, n, repeat):
 
 
 # ---------------------------------------------------------------- ceiling of a function API
-# What any SQL-callable API pays for being a function: a SECURITY DEFINER PL/pgSQL function
-# with a pinned search_path (what the security rules require of pg_mailbox's) that runs only
-# the baseline's own statement on the baseline's table, against that statement. No lookup,
-# check or dispatch: a bound no design of inbox_receive or inbox_mark_processed can pass.
-CEILING_FUNCTIONS = """
-CREATE FUNCTION public.ceiling_receive(p_event_id text)
-RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO public.plain_inbox (event_id, payload, event_type)
-    VALUES (p_event_id, '{"n": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;
-    RETURN FOUND;
-END
-$$;
-CREATE FUNCTION public.ceiling_mark(p_event_id text)
-RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = p_event_id;
-    RETURN FOUND;
-END
-$$;
-"""
+# The SECURITY DEFINER wrappers that run only the baseline's own statements (their file says
+# why); bench/inbox_receive_pgbench.sh uses the same file.
+CEILING_FUNCTIONS = (Path(__file__).resolve().parent / "inbox_ceiling.sql").read_text()
 
 
 def bench_ceiling(dsn, n, repeat):

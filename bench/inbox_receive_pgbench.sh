@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The single receive from a client, as pgbench sees it: one message per transaction (each
 # committed), prepared statements, one connection, against two baselines in the same
-# database, interleaved, with synchronous_commit on and off (docs/benchmarks.md, "Why the
-# single receive moves between machines"):
-#   plain     INSERT ... ON CONFLICT (event_id) DO NOTHING into a plain table;
+# database, interleaved, with synchronous_commit on and off (docs/benchmarks.md, "The single
+# receive seen by pgbench"):
+#   plain     INSERT ... ON CONFLICT (event_id) DO NOTHING into public.plain_inbox, a table
+#             with the inbox table's columns and indexes;
 #   ceiling   the same INSERT inside a SECURITY DEFINER PL/pgSQL function with a pinned
-#             search_path (what every pg_mailbox function must be), nothing else;
+#             search_path (what every pg_mailbox function must be), nothing else
+#             (bench/inbox_ceiling.sql, as bench/inbox_bench.py's ceiling);
 #   receive   mailbox.inbox_receive into a managed inbox.
 # Each case's table is emptied, VACUUM ANALYZEd and CHECKPOINTed before its run. The ratio
 # is plain's time over the case's (a throughput ratio, as bench/inbox_bench.py prints it),
@@ -30,36 +32,23 @@ psql -X -q -v ON_ERROR_STOP=1 -d "$db" >/dev/null <<'SQL'
 SET client_min_messages = warning;
 SELECT mailbox.drop_inbox('pgb', p_cascade => true, p_if_exists => true);
 SELECT mailbox.create_inbox('pgb');
-DROP TABLE IF EXISTS public.pgb_plain CASCADE;
-CREATE TABLE public.pgb_plain (
-    event_id text PRIMARY KEY, event_type text, source text, aggregate_id text,
-    sequence_num bigint, priority smallint, payload jsonb, headers jsonb, trace_id text,
-    received_at timestamptz NOT NULL DEFAULT now(), processed_at timestamptz, error text,
-    retry_count int NOT NULL DEFAULT 0
-);
-CREATE INDEX pgb_plain_pending_idx ON public.pgb_plain (received_at) WHERE processed_at IS NULL;
-CREATE INDEX pgb_plain_processed_idx ON public.pgb_plain (processed_at) WHERE processed_at IS NOT NULL;
-CREATE OR REPLACE FUNCTION public.pgb_ceiling(p_event_id text)
-RETURNS boolean LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO public.pgb_plain (event_id, payload, event_type)
-    VALUES (p_event_id, '{"n": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;
-    RETURN FOUND;
-END
-$$;
+DROP TABLE IF EXISTS public.plain_inbox;
+DROP FUNCTION IF EXISTS public.ceiling_receive(text), public.ceiling_mark(text);
+-- the baseline table: the inbox table's columns and indexes (as bench/inbox_server_loops.sql)
+CREATE TABLE public.plain_inbox (LIKE mailbox.pgb INCLUDING ALL);
 SQL
+psql -X -q -v ON_ERROR_STOP=1 -d "$db" -f "$(dirname "$0")/inbox_ceiling.sql" >/dev/null
 
 printf '%s\n' '\set id random(1, 2000000000)' \
-    "INSERT INTO public.pgb_plain (event_id, payload, event_type) VALUES (:id, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;" \
+    "INSERT INTO public.plain_inbox (event_id, payload, event_type) VALUES (:id, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING;" \
     >"$work/plain.sql"
-printf '%s\n' '\set id random(1, 2000000000)' 'SELECT public.pgb_ceiling(:id::text);' >"$work/ceiling.sql"
+printf '%s\n' '\set id random(1, 2000000000)' 'SELECT public.ceiling_receive(:id::text);' >"$work/ceiling.sql"
 printf '%s\n' '\set id random(1, 2000000000)' \
     "SELECT mailbox.inbox_receive('pgb', :id::text, '{\"n\": 1}', 'bench');" >"$work/receive.sql"
 
 # usage: one CASE SYNC -> prints the average latency in microseconds
 one() {
-    local table=public.pgb_plain
+    local table=public.plain_inbox
     [ "$1" = receive ] && table=mailbox.pgb
     psql -X -q -d "$db" -c "TRUNCATE $table" -c "VACUUM ANALYZE $table" -c "CHECKPOINT"
     PGOPTIONS="-c synchronous_commit=$2" "$pgbench" -n -M prepared -t "$transactions" \
@@ -105,4 +94,5 @@ for sync in $modes; do
 done
 psql -X -q -d "$db" -c "SET client_min_messages = warning" \
     -c "SELECT mailbox.drop_inbox('pgb', p_cascade => true)" \
-    -c "DROP TABLE public.pgb_plain CASCADE" -c "DROP FUNCTION public.pgb_ceiling(text)" >/dev/null
+    -c "DROP TABLE public.plain_inbox" -c "DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text)" \
+    >/dev/null

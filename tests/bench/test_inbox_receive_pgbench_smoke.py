@@ -2,7 +2,7 @@
 line per round and a summary with ratios.
 
 A smoke run with tiny sizes (the numbers mean nothing) in the test's database; the script
-cleans up what it made (the inbox, the plain table and the ceiling function).
+cleans up what it made (the inbox, the plain table and the ceiling functions).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def test_every_case_prints_a_time_per_round_and_a_summary(pg_cluster, dsn: str) 
         assert summary and all(float(v) > 0 for v in summary.groups()), out
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
-            "SELECT to_regclass('public.pgb_plain'), to_regclass('mailbox.pgb'),"
-            " to_regprocedure('public.pgb_ceiling(text)')"
+            "SELECT to_regclass('public.plain_inbox'), to_regclass('mailbox.pgb'),"
+            " to_regprocedure('public.ceiling_receive(text)')"
         ).fetchone()
         assert left == (None, None, None)
 
