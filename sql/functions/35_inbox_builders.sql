@@ -67,7 +67,8 @@ BEGIN
         pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id',
         CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
              THEN ' RETURNING ' || mailbox._inbox_build_ordered_now(p_inbox) || ' INTO v_ordered' ELSE '' END,
-        CASE WHEN NOT p_inbox.is_managed THEN mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') ELSE '' END);
+        CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
+             THEN mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') ELSE '' END);
 END
 $$;
 

@@ -182,7 +182,7 @@ BEGIN
     PERFORM mailbox._inbox_define(p_inbox, 'receive',
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
-        'boolean', CASE WHEN p_inbox.is_managed THEN '' ELSE $d$
+        'boolean', CASE WHEN p_inbox.is_managed OR p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE $d$
     v_ordered pg_catalog.bool;$d$ END, mailbox._inbox_build_receive(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz, boolean', 'mailbox._inbox_message[]', '',
         mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');

@@ -28,6 +28,8 @@ DECLARE
     v_vals text[] := ARRAY[]::text[];
     v_id text := 'm.p_event_id';
     v_priority_type text;
+    -- an adopted table's unordered receive re-reads the ordering (part 35, builders, receive)
+    v_recheck boolean := NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL;
 BEGIN
     IF p_inbox.casts ? 'event_id' THEN
         v_id := pg_catalog.format('CAST(m.p_event_id AS %s)', p_inbox.casts ->> 'event_id');
@@ -87,8 +89,8 @@ BEGIN
     -- waited (as the single receive, part 35, builders)
     PERFORM mailbox._inbox_define(p_inbox, 'receive_batch', 'jsonb', 'boolean[]', $d$
     v_bad pg_catalog.bool[];
-    v_result pg_catalog.bool[];
-    v_ordered pg_catalog.bool;$d$,
+    v_result pg_catalog.bool[];$d$ || CASE WHEN v_recheck THEN $d$
+    v_ordered pg_catalog.bool;$d$ ELSE '' END,
         pg_catalog.format($b$
         WITH m AS (
             SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY %5$s ORDER BY m.n) AS k
@@ -100,19 +102,20 @@ BEGIN
             RETURNING t.%6$I AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[%1$s], %10$s
-          INTO v_result, v_bad, v_ordered
+               ARRAY[%1$s]%10$s
+          INTO v_result, v_bad%13$s
           FROM m LEFT JOIN ins ON ins.id = %5$s;%11$s%9$s
     RETURN v_result;$b$,
         pg_catalog.array_to_string(v_tests, ', '), v_table, pg_catalog.array_to_string(v_cols, ', '), pg_catalog.array_to_string(v_vals, ', '),
         v_id, c ->> 'event_id', mailbox._inbox_batch_columns(),
         (SELECT pg_catalog.string_agg('p_' || r, ', ') FROM pg_catalog.unnest(v_roles) AS r), v_raise,
-        CASE WHEN p_inbox.is_managed THEN 'FALSE' ELSE mailbox._inbox_build_ordered_now(p_inbox) END,
-        CASE WHEN p_inbox.is_managed THEN '' ELSE mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') END,
+        CASE WHEN v_recheck THEN ', ' || mailbox._inbox_build_ordered_now(p_inbox) ELSE '' END,
+        CASE WHEN v_recheck THEN mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'receive') ELSE '' END,
         -- (ordered: a message without aggregate or sequence is not inserted, so the check
         -- above raises 22004, not the insert trigger of a managed inbox, part 34, gap state)
         CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL
-             THEN ' AND m.p_aggregate_id IS NOT NULL AND m.p_sequence_num IS NOT NULL' ELSE '' END));
+             THEN ' AND m.p_aggregate_id IS NOT NULL AND m.p_sequence_num IS NOT NULL' ELSE '' END,
+        CASE WHEN v_recheck THEN ', v_ordered' ELSE '' END));
 
     -- processed_batch(row, ids): marks those unprocessed (= ANY of the ids: one primary-key
     -- scan for the whole array, 0.65 us a message less than a join with unnest(ids), see

@@ -214,7 +214,6 @@ AS $function$
 DECLARE
     v_bad pg_catalog.bool[];
     v_result pg_catalog.bool[];
-    v_ordered pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
         RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox gen', 'postgres'::pg_catalog.name
@@ -240,8 +239,8 @@ BEGIN
             RETURNING t.event_id AS id
         )
         SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
-               ARRAY[pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL), pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE], FALSE
-          INTO v_result, v_bad, v_ordered
+               ARRAY[pg_catalog.bool_or(m.p_aggregate_id IS NULL OR m.p_sequence_num IS NULL), pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE]
+          INTO v_result, v_bad
           FROM m LEFT JOIN ins ON ins.id = m.p_event_id;
     IF v_bad[1] THEN
         RAISE EXCEPTION 'inbox % is ordered: p_aggregate_id and p_sequence_num must not be null', ($1).inbox_name
