@@ -5119,18 +5119,17 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 -- sql/functions/33_inbox_messages.sql
 -- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark (replay: part 33, replay).
 --
--- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
--- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
--- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (bind parameters only, for this inbox's key only). The hot path
--- inlines the catalog lookup and argument checks (a nested helper with a SET clause costs a
--- GUC save and restore) and calls the helpers only to raise their errors. Leases and retry
+-- The per-message functions check their arguments and dispatch to the inbox's generated
+-- functions (part 35), whose static SQL has cached plans and which alone touch the inbox
+-- table, with its owner's rights; leases and ordering state are written here, from what they
+-- return (bind parameters, this inbox's key only). The hot path inlines the lookup and
+-- checks (a helper with a SET clause costs a GUC save and restore). Leases and retry
 -- times live in mailbox._inbox_lease (part 30; docs/design.md §7.1: why a claim is safe).
--- Every function checks that the inbox's stored table name still names its table
--- (table_rel): a renamed table is refused (55000), never silently replaced by whatever took
--- the old name. A claim locks candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted
--- from the latest committed lease rows, so two claimers never both win a message. Claim,
--- business logic and mark in one transaction: the row lock keeps other workers off the
+-- Every function checks that the inbox's stored table name still names its table: a renamed
+-- table is refused (55000), never replaced by whatever took the old name. A claim locks
+-- candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted from the latest committed
+-- lease rows, so two claimers never both win a message. Claim,
+-- business logic and mark in one transaction: the row lock keeps other workers off a
 -- message until commit, and a crash rolls the lease back with everything else. Receivers
 -- notify only while a worker waits (part 33, wake-ups).
 
@@ -5154,11 +5153,18 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
+    v_new boolean;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether a worker
-    -- waits for a wake-up (_inbox_has_waiter)
+    -- a managed inbox without grants: no lookup; NULL for any other inbox, and for arguments
+    -- it would refuse (part 35, named receive)
+    v_new := mailbox._inbox_route_receive_named(p_inbox, p_event_id, p_payload, p_event_type, p_source,
+                                                p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority);
+    IF v_new IS NOT NULL THEN
+        RETURN v_new;
+    END IF;
+    -- one statement: the catalog row; whether the inbox has grants of its own (without, the
+    -- role-level grants decide); whether its stored table name still names its table;
+    -- whether a worker waits for a wake-up (_inbox_has_waiter)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -5181,15 +5187,15 @@ BEGIN
         RAISE EXCEPTION 'event id must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the message''s unique id (the broker''s message id, say).';
     END IF;
-    -- an id is a key of the inbox table's unique index and of the lease table, whose entries
-    -- are limited to about 2700 bytes; a fixed, documented limit names the argument instead
+    -- an id is a key of unique indexes (entries up to about 2700 bytes): a fixed, documented
+    -- limit names the argument instead
     IF pg_catalog.octet_length(p_event_id) > 1000 THEN
         RAISE EXCEPTION 'p_event_id too long: % bytes', pg_catalog.octet_length(p_event_id)
             USING ERRCODE = '22023',
                   HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
     END IF;
     -- the generated function (through its router, part 35) checks ordering, unmapped roles
-    -- and the priority's range, and inserts with the table owner's rights
+    -- and the priority's range, and inserts as the table's owner
     IF mailbox._inbox_route_receive(v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id,
                                     p_sequence_num, p_headers, p_trace_id, p_priority) THEN
         IF v_found.waited THEN
@@ -6543,9 +6549,41 @@ $$;
 -- they build for a managed and an adopted inbox is committed in
 -- tests/expected/inbox_generated_*.sql.
 
+-- What a receive's INSERT is made of, from the catalog row (see _inbox_build_receive).
+CREATE OR REPLACE FUNCTION mailbox._inbox_receive_parts(p_inbox mailbox._inbox)
+RETURNS TABLE (cols text[], vals text[], unmapped int[], smallint_priority boolean)
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_roles text[] := mailbox._inbox_receive_roles();
+BEGIN
+    cols := ARRAY[]::text[];
+    vals := ARRAY[]::text[];
+    unmapped := ARRAY[]::int[];
+    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
+        IF c ? v_roles[i] THEN
+            cols := cols || pg_catalog.quote_ident(c ->> v_roles[i]);
+            vals := vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
+        ELSE
+            unmapped := unmapped || (i + 1);
+        END IF;
+    END LOOP;
+    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
+    cols := cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
+    vals := vals || 'pg_catalog.now()'::text || '0'::text;
+    -- a priority that does not fit a smallint column is the caller's error, named as such
+    smallint_priority := mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2';
+    RETURN NEXT;
+END
+$$;
+
 -- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
 -- trace_id, priority): its checks, then the insert. Role i of _inbox_receive_roles() is
--- parameter $(i + 1).
+-- parameter $(i + 1): the insert's columns and values, the roles the table has no column
+-- for, and whether its priority is a smallint come from _inbox_receive_parts (above), which
+-- the named receive (part 35, named receive) shares.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_receive(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -6554,10 +6592,11 @@ AS $$
 DECLARE
     c jsonb := p_inbox.columns;
     v_roles text[] := mailbox._inbox_receive_roles();
+    v_parts record;
     v_checks text := '';
-    v_cols text[] := ARRAY[]::text[];
-    v_vals text[] := ARRAY[]::text[];
+    n int;
 BEGIN
+    SELECT * INTO v_parts FROM mailbox._inbox_receive_parts(p_inbox);
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
         v_checks := $c$
     IF $6 IS NULL OR $7 IS NULL THEN
@@ -6566,22 +6605,16 @@ BEGIN
                   HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
     END IF;$c$;
     END IF;
-    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
-        IF c ? v_roles[i] THEN
-            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
-            v_vals := v_vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
-        ELSE
-            -- v_roles[i] is a role name of the registry (part 30), never caller text
-            v_checks := v_checks || pg_catalog.format($c$
+    FOREACH n IN ARRAY v_parts.unmapped LOOP
+        -- v_roles[n - 1] is a role name of the registry (part 30), never caller text
+        v_checks := v_checks || pg_catalog.format($c$
     IF $%s IS NOT NULL THEN
         RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
             USING ERRCODE = '22023',
                   HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
-    END IF;$c$, i + 1, v_roles[i]);
-        END IF;
+    END IF;$c$, n, v_roles[n - 1]);
     END LOOP;
-    -- a priority that does not fit a smallint column is the caller's error, named as such
-    IF mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2' THEN
+    IF v_parts.smallint_priority THEN
         v_checks := v_checks || $c$
     IF $10 NOT BETWEEN -32768 AND 32767 THEN
         RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
@@ -6589,9 +6622,6 @@ BEGIN
                   HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
     END IF;$c$;
     END IF;
-    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
-    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
-    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
     -- a receive that looked the inbox up before enable_inbox_ordering committed and then
     -- waited for its lock runs this unordered code: it must not store a message without
     -- aggregate or sequence, which no ordered claim takes. On a managed inbox the insert
@@ -6601,8 +6631,8 @@ BEGIN
     RETURN pg_catalog.format($b$%1$s
     INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING%6$s;%7$s
     RETURN FOUND;$b$,
-        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
-        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id',
+        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_parts.cols, ', '),
+        pg_catalog.array_to_string(v_parts.vals, ', '), c ->> 'event_id',
         CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
              THEN ' RETURNING ' || mailbox._inbox_build_ordered_now(p_inbox) || ' INTO v_ordered' ELSE '' END,
         CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
@@ -6901,7 +6931,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled']) AS kind);
+                                                      'processed_batch', 'unsettled', 'receive_named']) AS kind);
 $$;
 
 CREATE OR REPLACE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -6912,6 +6942,7 @@ AS $$
 DECLARE
     v_fn regprocedure;
 BEGIN
+    PERFORM mailbox._inbox_quiesce(p_inbox); -- part 35, named receive
     FOR v_fn IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname = ANY (mailbox._inbox_fn_names(p_inbox))
@@ -7013,6 +7044,9 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
+    -- a transaction that wrote a managed inbox's table ends before its new functions commit
+    -- (part 35, named receive)
+    PERFORM mailbox._inbox_quiesce(p_inbox);
     PERFORM mailbox._inbox_define(p_inbox, 'receive',
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
@@ -7036,6 +7070,15 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
+    -- a managed inbox's single receive without a lookup (part 35, named receive)
+    IF p_inbox.is_managed THEN
+        PERFORM mailbox._inbox_define(p_inbox, 'receive_named',
+            (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
+               FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
+            'boolean', $d$
+    v_waited pg_catalog.bool;
+    v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+    END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();
 END
@@ -7154,6 +7197,269 @@ BEGIN
         USING $1, $2;
     RETURN v_left;
 END
+$$;
+
+-- sql/functions/35_inbox_named_receive.sql
+-- Part 35 (named receive, issue 11): the single inbox_receive of a managed inbox without
+-- grants of its own, in one call that looks nothing up.
+--
+-- inbox_receive used to start with a catalog lookup (the inbox's row, whether it has grants,
+-- whether its table was moved, whether a worker waits), a statement of its own: on a 2-core
+-- machine about as much backend time as the INSERT it guards, and the main reason a single
+-- receive ran at 0.6-0.7 of a plain INSERT. For a managed inbox (create_inbox: the extension
+-- owner's table with the standard columns) everything the lookup found is known when its
+-- functions are generated, or can ride in the INSERT:
+--   * the router mailbox._inbox_route_receive_named, a one-expression SQL function inlined
+--     into inbox_receive's cached plan (like the key routers, part 35, routes), maps the name
+--     to _inbox_<key>_receive_named(NULL, ...). It has an arm for a managed inbox whose
+--     functions the extension owner owns and that has NO GRANTS: an inbox with grants (and
+--     every adopted table) takes the full path, which checks them. Its ELSE is NULL;
+--   * _inbox_<key>_receive_named checks the arguments and that its table is still the one it
+--     was generated for (to_regclass, as the full path does), and returns NULL for anything
+--     it would refuse, so that the full path raises the error (one place for every message);
+--     then it inserts, and reads whether a worker waits in the INSERT's RETURNING;
+--   * after the INSERT, whose lock makes the session read the catalog changes committed
+--     before it (AcceptInvalidationMessages), it asks the second router,
+--     _inbox_route_named_version, whether the name still routes to the function it runs,
+--     generated from the catalog row as it is now (the key and a digest of the body): a
+--     session that ran routers or a body from before a first grant, a reconfiguration, a
+--     drop or a re-creation that committed while its transaction was open raises 40001
+--     instead of storing the message (nothing stays);
+--   * a transaction that already wrote the table takes no new lock there, so reads no
+--     catalog change: grant_inbox (a first grant, part 39), every regeneration of a managed
+--     inbox's functions (_inbox_generate) and drop_inbox take a SHARE lock on its table
+--     first (_inbox_quiesce), so such a transaction ends before they commit.
+-- What the arm skips is what the lookup gave; the ordering, priority and column checks are
+-- the generated receive's, baked in (the table's insert trigger also refuses an unordered
+-- message once ordering is on, part 34, gap state).
+--
+-- These functions touch _inbox_waiter, which the other generated functions never do: they
+-- exist only for the extension owner's own tables, so they run with no rights beyond the
+-- public function that calls them.
+
+-- Waits for the transactions that wrote a managed inbox's table (they would keep its named
+-- receive as it was, above) and makes new ones wait for this one's commit: the first step of
+-- grant_inbox's first grant, of a regeneration and of a drop.
+CREATE OR REPLACE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF p_inbox.is_managed AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel) THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', p_inbox.table_rel);
+    END IF;
+END
+$$;
+
+-- The body of _inbox_<key>_receive_named (only for a managed inbox). Parameters as the
+-- generated receive's: $1 the catalog row (always NULL here: the type only makes the
+-- function depend on the extension), then role i of _inbox_receive_roles() is $(i + 1).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_receive_named(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_parts record; -- _inbox_receive_parts, shared with the receive (part 35, builders)
+    v_table text := mailbox._inbox_table_sql(p_inbox);
+    -- what the full path refuses, in the full path's order (it raises the error)
+    -- (p_version NULL: the text _inbox_named_version digests, without the table's oid, which
+    -- a restore changes)
+    v_refuse text[] := ARRAY[
+        pg_catalog.format('pg_catalog.to_regclass(%L) IS DISTINCT FROM %s::pg_catalog.regclass',
+                          v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END),
+        '$2 IS NULL', 'pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000'];
+    n int;
+BEGIN
+    SELECT * INTO v_parts FROM mailbox._inbox_receive_parts(p_inbox);
+    IF NOT p_inbox.is_managed THEN
+        RAISE EXCEPTION 'inbox % is not managed: it has no named receive', p_inbox.inbox_name
+            USING ERRCODE = 'XX000';
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_refuse := v_refuse || '$6 IS NULL'::text || '$7 IS NULL'::text;
+    END IF;
+    FOREACH n IN ARRAY v_parts.unmapped LOOP
+        v_refuse := v_refuse || pg_catalog.format('$%s IS NOT NULL', n);
+    END LOOP;
+    IF v_parts.smallint_priority THEN
+        v_refuse := v_refuse || '$10 NOT BETWEEN -32768 AND 32767'::text;
+    END IF;
+    RETURN pg_catalog.format($b$
+    IF %1$s THEN
+        RETURN NULL; -- inbox_receive's full path raises the error
+    END IF;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING
+        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                           WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
+                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    v_new := FOUND;
+    IF mailbox._inbox_route_named_version(%7$L) IS DISTINCT FROM %8$L THEN
+        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %7$L
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;
+    IF v_waited THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+    END IF;
+    RETURN v_new;$b$,
+        pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,
+        pg_catalog.array_to_string(v_parts.cols, ', '), pg_catalog.array_to_string(v_parts.vals, ', '),
+        p_inbox.columns ->> 'event_id',
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''));
+END
+$$;
+
+-- What a named receive was generated from: the inbox's key and a digest of its body (built
+-- without version and table oid, so a restored database has the same versions).
+CREATE OR REPLACE FUNCTION mailbox._inbox_named_version(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL));
+$$;
+
+-- Whether an inbox's named receive exists, is the extension owner's, and was generated from
+-- its catalog row as it is now and for its table as it is now (the oid: a restored database's
+-- functions name the dumped one until maintenance regenerates them, part 43).
+CREATE OR REPLACE FUNCTION mailbox._inbox_named_current(p_inbox mailbox._inbox)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                    WHERE p.pronamespace = 'mailbox'::regnamespace
+                      AND p.proname = '_inbox_' || p_inbox.inbox_key || '_receive_named'
+                      AND p.proowner = mailbox._extension_owner()
+                      AND pg_catalog.strpos(p.prosrc, pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox))) > 0
+                      AND pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
+$$;
+
+-- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
+-- routers split on it): managed, without grants, with a named receive that the extension
+-- owner owns and that was generated from the catalog row as it is now.
+CREATE OR REPLACE FUNCTION mailbox._inbox_named_arms()
+RETURNS TABLE (inbox_name text, inbox_key int, version text)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i)
+      FROM mailbox._inbox AS i
+     WHERE i.is_managed AND NOT i.has_grants
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
+       AND mailbox._inbox_named_current(i)
+     ORDER BY i.inbox_name COLLATE "C";
+$$;
+
+-- The CASE over p_names (sorted) for a named router: up to 8 names one arm each, more split
+-- in halves. Arm i is p_call with %s replaced by p_keys[i].
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_case(p_names text[], p_keys text[], p_call text, p_else text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_n int := pg_catalog.cardinality(p_names);
+    v_half int := v_n / 2;
+BEGIN
+    IF v_n <= 8 THEN
+        RETURN pg_catalog.format('CASE%s ELSE %s END',
+            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN $1 OPERATOR(pg_catalog.=) %L::pg_catalog.text THEN %s',
+                                                            n, pg_catalog.replace(p_call, '%s', p_keys[o]::text)), '' ORDER BY o)
+               FROM pg_catalog.unnest(p_names) WITH ORDINALITY AS u (n, o)),
+            p_else);
+    END IF;
+    RETURN pg_catalog.format('CASE WHEN $1 OPERATOR(pg_catalog.<) %L::pg_catalog.text COLLATE pg_catalog."C" THEN %s ELSE %s END',
+        p_names[v_half + 1],
+        mailbox._inbox_route_named_case(p_names[1:v_half], p_keys[1:v_half], p_call, p_else),
+        mailbox._inbox_route_named_case(p_names[v_half + 1:], p_keys[v_half + 1:], p_call, p_else));
+END
+$$;
+
+-- The bodies of the two named routers for the inboxes that have an arm now:
+-- receive_named(name, event_id, ...) calls the inbox's named receive; named_version(name) is
+-- what that function was generated from.
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_sql(p_kind text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_names text[];
+    v_keys text[];
+    v_versions text[];
+BEGIN
+    SELECT pg_catalog.array_agg(a.inbox_name ORDER BY a.inbox_name COLLATE "C"),
+           pg_catalog.array_agg(a.inbox_key::text ORDER BY a.inbox_name COLLATE "C"),
+           pg_catalog.array_agg(pg_catalog.quote_literal(a.version) || '::pg_catalog.text' ORDER BY a.inbox_name COLLATE "C")
+      INTO v_names, v_keys, v_versions
+      FROM mailbox._inbox_named_arms() AS a;
+    IF v_names IS NULL THEN
+        RETURN CASE p_kind WHEN 'receive_named' THEN 'SELECT NULL::pg_catalog.bool' ELSE 'SELECT NULL::pg_catalog.text' END;
+    END IF;
+    RETURN 'SELECT ' || CASE p_kind
+        WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
+            'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
+            'NULL::pg_catalog.bool')
+        ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
+END
+$$;
+
+-- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
+-- the DDL lock; _inbox_build_routes calls it). Returns how many were rebuilt.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_named_routes()
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_sql text;
+    v_built int := 0;
+BEGIN
+    v_sql := mailbox._inbox_route_named_sql('receive_named');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named('
+                                  'text, text, jsonb, text, text, text, bigint, jsonb, text, int) RETURNS boolean'
+                                  ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
+    v_sql := mailbox._inbox_route_named_sql('named_version');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
+                                  ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
+    RETURN v_built;
+END
+$$;
+
+-- The named routers as the extension script makes them: no arm, every inbox through the full
+-- path, until the first rebuild (the script's last step, and every inbox DDL).
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.bool$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.text$$;
+
+-- Every router (the key routers of part 35, routes, and the two above) with the body it has
+-- and the body the catalog asks for now: maintenance rebuilds them when one differs.
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_states()
+RETURNS TABLE (kind text, body text, wanted text)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT k.kind, mailbox._inbox_route_body(k.kind), mailbox._inbox_route_sql(k.kind, k.nargs)
+      FROM mailbox._inbox_route_kinds() AS k
+    UNION ALL
+    SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
+      FROM (VALUES ('receive_named'), ('named_version')) AS n (kind);
 $$;
 
 -- sql/functions/35_inbox_routes.sql
@@ -7288,7 +7594,7 @@ BEGIN
             v_built := v_built + 1;
         END IF;
     END LOOP;
-    RETURN v_built;
+    RETURN v_built + mailbox._inbox_build_named_routes(); -- part 35, named receive
 END
 $$;
 
@@ -8267,6 +8573,7 @@ DECLARE
     v_allowed text[] := CASE p_kind WHEN 'outbox' THEN ARRAY['publish', 'consume']
                                     ELSE ARRAY['receive', 'process'] END;
     v_key int;
+    v_inbox mailbox._inbox;
 BEGIN
     PERFORM mailbox._require(p_role, 'p_role');
     IF p_role = 0 THEN
@@ -8282,13 +8589,22 @@ BEGIN
     IF p_kind = 'outbox' THEN
         v_key := mailbox._outbox_key(p_name);
     ELSE
+        -- the DDL lock first, as every inbox DDL takes it: a first grant or a last revoke
+        -- rebuilds the named routers below (part 35, named receive)
+        PERFORM mailbox._ddl_lock();
         v_key := (mailbox._inbox_get(p_name)).inbox_key;
         -- the inbox's has_grants flag says whether it has grants (the data plane checks
         -- grants only then). Its row is locked first, so the grant changes of one inbox run
         -- one after another and the recount below, a later statement, sees every change
         -- committed before it (under REPEATABLE READ a concurrent change fails this lock
         -- with 40001 instead). A stale TRUE would only cost a probe; FALSE never is stale.
-        PERFORM FROM mailbox._inbox AS i WHERE i.inbox_key = v_key FOR NO KEY UPDATE;
+        SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_key = v_key FOR NO KEY UPDATE;
+        -- a first grant of a managed inbox takes its named receive away: a transaction that
+        -- already wrote the table (and so takes no new lock, which would make it read the
+        -- new routers) ends first, and a later one waits for this one's commit
+        IF p_grant AND NOT v_inbox.has_grants THEN
+            PERFORM mailbox._inbox_quiesce(v_inbox);
+        END IF;
     END IF;
     IF p_grant THEN
         INSERT INTO mailbox._object_grant (object_kind, object_key, grantee, privilege)
@@ -8303,6 +8619,7 @@ BEGIN
            SET has_grants = EXISTS (SELECT 1 FROM mailbox._object_grant AS g
                                      WHERE g.object_kind = 'inbox' AND g.object_key = v_key)
          WHERE i.inbox_key = v_key;
+        PERFORM mailbox._inbox_build_routes(); -- only a changed router is replaced
     END IF;
 END
 $$;
@@ -8690,7 +9007,9 @@ $$;
 -- First regenerates the functions of an inbox whose generated functions' rights no longer fit
 -- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them):
 -- a dump restored by another superuser, who becomes the extension owner, brings back the old
--- owner's invoker functions, which then refuse every call (42501) until this runs.
+-- owner's invoker functions, which then refuse every call (42501) until this runs. Every
+-- restore also brings back managed inboxes' named receives made for the dumped tables' oids,
+-- which the named routers skip until this regenerates them (part 35, named receive).
 CREATE OR REPLACE FUNCTION mailbox._inbox_refresh_routes()
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -8700,26 +9019,26 @@ DECLARE
     v_misfit mailbox._inbox[] := ARRAY(
         SELECT i FROM mailbox._inbox AS i
          WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
-                        WHERE p.pronamespace = 'mailbox'::regnamespace
-                          AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                          AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
+           AND (EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                         WHERE p.pronamespace = 'mailbox'::regnamespace
+                           AND p.proname = ANY (mailbox._inbox_fn_names(i))
+                           AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
+                -- a managed inbox's named receive made for another table oid (a restore)
+                OR (i.is_managed AND NOT mailbox._inbox_named_current(i)))
          ORDER BY i.inbox_key);
     v_inbox mailbox._inbox;
     v_before jsonb;
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
-        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs)
-                               IS DISTINCT FROM mailbox._inbox_route_body(k.kind)))
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_states() AS r
+                         WHERE r.wanted IS DISTINCT FROM r.body))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
     IF pg_catalog.cardinality(v_misfit) = 0 THEN
         RETURN mailbox._inbox_build_routes();
     END IF;
-    v_before := (SELECT pg_catalog.jsonb_object_agg(k.kind, mailbox._inbox_route_body(k.kind))
-                   FROM mailbox._inbox_route_kinds() AS k);
+    v_before := (SELECT pg_catalog.jsonb_object_agg(r.kind, r.body) FROM mailbox._inbox_route_states() AS r);
     FOREACH v_inbox IN ARRAY v_misfit LOOP
         BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
             PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
@@ -8729,8 +9048,8 @@ BEGIN
     END LOOP;
     PERFORM mailbox._inbox_build_routes();
     -- the routers whose body changed
-    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_kinds() AS k
-             WHERE mailbox._inbox_route_body(k.kind) IS DISTINCT FROM v_before ->> k.kind);
+    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_states() AS r
+             WHERE r.body IS DISTINCT FROM v_before ->> r.kind);
 END
 $$;
 

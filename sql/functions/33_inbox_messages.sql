@@ -1,17 +1,16 @@
 -- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark (replay: part 33, replay).
 --
--- The per-message functions (receive, claim, mark) check their arguments and dispatch to the
--- inbox's generated functions (part 35), whose static SQL has cached plans and which alone
--- touch the inbox table, with its owner's rights; leases and ordering state are written here,
--- from what they return (bind parameters only, for this inbox's key only). The hot path
--- inlines the catalog lookup and argument checks (a nested helper with a SET clause costs a
--- GUC save and restore) and calls the helpers only to raise their errors. Leases and retry
+-- The per-message functions check their arguments and dispatch to the inbox's generated
+-- functions (part 35), whose static SQL has cached plans and which alone touch the inbox
+-- table, with its owner's rights; leases and ordering state are written here, from what they
+-- return (bind parameters, this inbox's key only). The hot path inlines the lookup and
+-- checks (a helper with a SET clause costs a GUC save and restore). Leases and retry
 -- times live in mailbox._inbox_lease (part 30; docs/design.md §7.1: why a claim is safe).
--- Every function checks that the inbox's stored table name still names its table
--- (table_rel): a renamed table is refused (55000), never silently replaced by whatever took
--- the old name. A claim locks candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted
--- from the latest committed lease rows, so two claimers never both win a message. Claim,
--- business logic and mark in one transaction: the row lock keeps other workers off the
+-- Every function checks that the inbox's stored table name still names its table: a renamed
+-- table is refused (55000), never replaced by whatever took the old name. A claim locks
+-- candidate rows FOR UPDATE SKIP LOCKED; its leases are upserted from the latest committed
+-- lease rows, so two claimers never both win a message. Claim,
+-- business logic and mark in one transaction: the row lock keeps other workers off a
 -- message until commit, and a crash rolls the lease back with everything else. Receivers
 -- notify only while a worker waits (part 33, wake-ups).
 
@@ -35,11 +34,18 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
+    v_new boolean;
 BEGIN
-    -- one statement (each costs an executor start-up): the catalog row; whether the inbox has
-    -- grants of its own (without, it is open to the role-level grants); whether its stored
-    -- table name still names its table, which the generated functions name; whether a worker
-    -- waits for a wake-up (_inbox_has_waiter)
+    -- a managed inbox without grants: no lookup; NULL for any other inbox, and for arguments
+    -- it would refuse (part 35, named receive)
+    v_new := mailbox._inbox_route_receive_named(p_inbox, p_event_id, p_payload, p_event_type, p_source,
+                                                p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority);
+    IF v_new IS NOT NULL THEN
+        RETURN v_new;
+    END IF;
+    -- one statement: the catalog row; whether the inbox has grants of its own (without, the
+    -- role-level grants decide); whether its stored table name still names its table;
+    -- whether a worker waits for a wake-up (_inbox_has_waiter)
     SELECT i AS inbox,
            i.has_grants AS granted,
            pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
@@ -62,15 +68,15 @@ BEGIN
         RAISE EXCEPTION 'event id must not be null'
             USING ERRCODE = '22004', HINT = 'Pass the message''s unique id (the broker''s message id, say).';
     END IF;
-    -- an id is a key of the inbox table's unique index and of the lease table, whose entries
-    -- are limited to about 2700 bytes; a fixed, documented limit names the argument instead
+    -- an id is a key of unique indexes (entries up to about 2700 bytes): a fixed, documented
+    -- limit names the argument instead
     IF pg_catalog.octet_length(p_event_id) > 1000 THEN
         RAISE EXCEPTION 'p_event_id too long: % bytes', pg_catalog.octet_length(p_event_id)
             USING ERRCODE = '22023',
                   HINT = 'p_event_id is at most 1000 bytes; pass the broker''s message id, not the message.';
     END IF;
     -- the generated function (through its router, part 35) checks ordering, unmapped roles
-    -- and the priority's range, and inserts with the table owner's rights
+    -- and the priority's range, and inserts as the table's owner
     IF mailbox._inbox_route_receive(v_inbox, p_event_id, p_payload, p_event_type, p_source, p_aggregate_id,
                                     p_sequence_num, p_headers, p_trace_id, p_priority) THEN
         IF v_found.waited THEN

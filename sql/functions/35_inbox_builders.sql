@@ -5,9 +5,41 @@
 -- they build for a managed and an adopted inbox is committed in
 -- tests/expected/inbox_generated_*.sql.
 
+-- What a receive's INSERT is made of, from the catalog row (see _inbox_build_receive).
+CREATE FUNCTION mailbox._inbox_receive_parts(p_inbox mailbox._inbox)
+RETURNS TABLE (cols text[], vals text[], unmapped int[], smallint_priority boolean)
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    c jsonb := p_inbox.columns;
+    v_roles text[] := mailbox._inbox_receive_roles();
+BEGIN
+    cols := ARRAY[]::text[];
+    vals := ARRAY[]::text[];
+    unmapped := ARRAY[]::int[];
+    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
+        IF c ? v_roles[i] THEN
+            cols := cols || pg_catalog.quote_ident(c ->> v_roles[i]);
+            vals := vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
+        ELSE
+            unmapped := unmapped || (i + 1);
+        END IF;
+    END LOOP;
+    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
+    cols := cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
+    vals := vals || 'pg_catalog.now()'::text || '0'::text;
+    -- a priority that does not fit a smallint column is the caller's error, named as such
+    smallint_priority := mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2';
+    RETURN NEXT;
+END
+$$;
+
 -- receive(row, event_id, payload, event_type, source, aggregate_id, sequence_num, headers,
 -- trace_id, priority): its checks, then the insert. Role i of _inbox_receive_roles() is
--- parameter $(i + 1).
+-- parameter $(i + 1): the insert's columns and values, the roles the table has no column
+-- for, and whether its priority is a smallint come from _inbox_receive_parts (above), which
+-- the named receive (part 35, named receive) shares.
 CREATE FUNCTION mailbox._inbox_build_receive(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -16,10 +48,11 @@ AS $$
 DECLARE
     c jsonb := p_inbox.columns;
     v_roles text[] := mailbox._inbox_receive_roles();
+    v_parts record;
     v_checks text := '';
-    v_cols text[] := ARRAY[]::text[];
-    v_vals text[] := ARRAY[]::text[];
+    n int;
 BEGIN
+    SELECT * INTO v_parts FROM mailbox._inbox_receive_parts(p_inbox);
     IF p_inbox.ordering_first_sequence IS NOT NULL THEN
         v_checks := $c$
     IF $6 IS NULL OR $7 IS NULL THEN
@@ -28,22 +61,16 @@ BEGIN
                   HINT = 'Pass the aggregate and its sequence number, or use an inbox without ordering.';
     END IF;$c$;
     END IF;
-    FOR i IN 1 .. pg_catalog.array_length(v_roles, 1) LOOP
-        IF c ? v_roles[i] THEN
-            v_cols := v_cols || pg_catalog.quote_ident(c ->> v_roles[i]);
-            v_vals := v_vals || mailbox._inbox_param(p_inbox, v_roles[i], i + 1);
-        ELSE
-            -- v_roles[i] is a role name of the registry (part 30), never caller text
-            v_checks := v_checks || pg_catalog.format($c$
+    FOREACH n IN ARRAY v_parts.unmapped LOOP
+        -- v_roles[n - 1] is a role name of the registry (part 30), never caller text
+        v_checks := v_checks || pg_catalog.format($c$
     IF $%s IS NOT NULL THEN
         RAISE EXCEPTION 'inbox %% has no column for %s', ($1).inbox_name
             USING ERRCODE = '22023',
                   HINT = 'Pass NULL for it, or map a column to it (see mailbox.enable_inbox_tracking()).';
-    END IF;$c$, i + 1, v_roles[i]);
-        END IF;
+    END IF;$c$, n, v_roles[n - 1]);
     END LOOP;
-    -- a priority that does not fit a smallint column is the caller's error, named as such
-    IF mailbox._inbox_column_base_type(p_inbox, 'priority') = 'int2' THEN
+    IF v_parts.smallint_priority THEN
         v_checks := v_checks || $c$
     IF $10 NOT BETWEEN -32768 AND 32767 THEN
         RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
@@ -51,9 +78,6 @@ BEGIN
                   HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
     END IF;$c$;
     END IF;
-    -- an adopted table's columns may lack defaults: a new message is unprocessed, never tried
-    v_cols := v_cols || pg_catalog.quote_ident(c ->> 'received_at') || pg_catalog.quote_ident(c ->> 'retry_count');
-    v_vals := v_vals || 'pg_catalog.now()'::text || '0'::text;
     -- a receive that looked the inbox up before enable_inbox_ordering committed and then
     -- waited for its lock runs this unordered code: it must not store a message without
     -- aggregate or sequence, which no ordered claim takes. On a managed inbox the insert
@@ -63,8 +87,8 @@ BEGIN
     RETURN pg_catalog.format($b$%1$s
     INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING%6$s;%7$s
     RETURN FOUND;$b$,
-        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_cols, ', '),
-        pg_catalog.array_to_string(v_vals, ', '), c ->> 'event_id',
+        v_checks, mailbox._inbox_table_sql(p_inbox), pg_catalog.array_to_string(v_parts.cols, ', '),
+        pg_catalog.array_to_string(v_parts.vals, ', '), c ->> 'event_id',
         CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL
              THEN ' RETURNING ' || mailbox._inbox_build_ordered_now(p_inbox) || ' INTO v_ordered' ELSE '' END,
         CASE WHEN NOT p_inbox.is_managed AND p_inbox.ordering_first_sequence IS NULL

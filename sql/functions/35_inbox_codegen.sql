@@ -67,7 +67,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled']) AS kind);
+                                                      'processed_batch', 'unsettled', 'receive_named']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -78,6 +78,7 @@ AS $$
 DECLARE
     v_fn regprocedure;
 BEGIN
+    PERFORM mailbox._inbox_quiesce(p_inbox); -- part 35, named receive
     FOR v_fn IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname = ANY (mailbox._inbox_fn_names(p_inbox))
@@ -179,6 +180,9 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
+    -- a transaction that wrote a managed inbox's table ends before its new functions commit
+    -- (part 35, named receive)
+    PERFORM mailbox._inbox_quiesce(p_inbox);
     PERFORM mailbox._inbox_define(p_inbox, 'receive',
         (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
            FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
@@ -202,6 +206,15 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
+    -- a managed inbox's single receive without a lookup (part 35, named receive)
+    IF p_inbox.is_managed THEN
+        PERFORM mailbox._inbox_define(p_inbox, 'receive_named',
+            (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
+               FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
+            'boolean', $d$
+    v_waited pg_catalog.bool;
+    v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+    END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();
 END

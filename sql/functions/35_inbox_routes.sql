@@ -129,7 +129,7 @@ BEGIN
             v_built := v_built + 1;
         END IF;
     END LOOP;
-    RETURN v_built;
+    RETURN v_built + mailbox._inbox_build_named_routes(); -- part 35, named receive
 END
 $$;
 

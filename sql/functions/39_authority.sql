@@ -68,6 +68,7 @@ DECLARE
     v_allowed text[] := CASE p_kind WHEN 'outbox' THEN ARRAY['publish', 'consume']
                                     ELSE ARRAY['receive', 'process'] END;
     v_key int;
+    v_inbox mailbox._inbox;
 BEGIN
     PERFORM mailbox._require(p_role, 'p_role');
     IF p_role = 0 THEN
@@ -83,13 +84,22 @@ BEGIN
     IF p_kind = 'outbox' THEN
         v_key := mailbox._outbox_key(p_name);
     ELSE
+        -- the DDL lock first, as every inbox DDL takes it: a first grant or a last revoke
+        -- rebuilds the named routers below (part 35, named receive)
+        PERFORM mailbox._ddl_lock();
         v_key := (mailbox._inbox_get(p_name)).inbox_key;
         -- the inbox's has_grants flag says whether it has grants (the data plane checks
         -- grants only then). Its row is locked first, so the grant changes of one inbox run
         -- one after another and the recount below, a later statement, sees every change
         -- committed before it (under REPEATABLE READ a concurrent change fails this lock
         -- with 40001 instead). A stale TRUE would only cost a probe; FALSE never is stale.
-        PERFORM FROM mailbox._inbox AS i WHERE i.inbox_key = v_key FOR NO KEY UPDATE;
+        SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_key = v_key FOR NO KEY UPDATE;
+        -- a first grant of a managed inbox takes its named receive away: a transaction that
+        -- already wrote the table (and so takes no new lock, which would make it read the
+        -- new routers) ends first, and a later one waits for this one's commit
+        IF p_grant AND NOT v_inbox.has_grants THEN
+            PERFORM mailbox._inbox_quiesce(v_inbox);
+        END IF;
     END IF;
     IF p_grant THEN
         INSERT INTO mailbox._object_grant (object_kind, object_key, grantee, privilege)
@@ -104,6 +114,7 @@ BEGIN
            SET has_grants = EXISTS (SELECT 1 FROM mailbox._object_grant AS g
                                      WHERE g.object_kind = 'inbox' AND g.object_key = v_key)
          WHERE i.inbox_key = v_key;
+        PERFORM mailbox._inbox_build_routes(); -- only a changed router is replaced
     END IF;
 END
 $$;

@@ -23,7 +23,9 @@ $$;
 -- First regenerates the functions of an inbox whose generated functions' rights no longer fit
 -- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them):
 -- a dump restored by another superuser, who becomes the extension owner, brings back the old
--- owner's invoker functions, which then refuse every call (42501) until this runs.
+-- owner's invoker functions, which then refuse every call (42501) until this runs. Every
+-- restore also brings back managed inboxes' named receives made for the dumped tables' oids,
+-- which the named routers skip until this regenerates them (part 35, named receive).
 CREATE FUNCTION mailbox._inbox_refresh_routes()
 RETURNS int
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -33,26 +35,26 @@ DECLARE
     v_misfit mailbox._inbox[] := ARRAY(
         SELECT i FROM mailbox._inbox AS i
          WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
-                        WHERE p.pronamespace = 'mailbox'::regnamespace
-                          AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                          AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
+           AND (EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                         WHERE p.pronamespace = 'mailbox'::regnamespace
+                           AND p.proname = ANY (mailbox._inbox_fn_names(i))
+                           AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
+                -- a managed inbox's named receive made for another table oid (a restore)
+                OR (i.is_managed AND NOT mailbox._inbox_named_current(i)))
          ORDER BY i.inbox_key);
     v_inbox mailbox._inbox;
     v_before jsonb;
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
-        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_kinds() AS k
-                         WHERE mailbox._inbox_route_sql(k.kind, k.nargs)
-                               IS DISTINCT FROM mailbox._inbox_route_body(k.kind)))
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_states() AS r
+                         WHERE r.wanted IS DISTINCT FROM r.body))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
     IF pg_catalog.cardinality(v_misfit) = 0 THEN
         RETURN mailbox._inbox_build_routes();
     END IF;
-    v_before := (SELECT pg_catalog.jsonb_object_agg(k.kind, mailbox._inbox_route_body(k.kind))
-                   FROM mailbox._inbox_route_kinds() AS k);
+    v_before := (SELECT pg_catalog.jsonb_object_agg(r.kind, r.body) FROM mailbox._inbox_route_states() AS r);
     FOREACH v_inbox IN ARRAY v_misfit LOOP
         BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
             PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
@@ -62,8 +64,8 @@ BEGIN
     END LOOP;
     PERFORM mailbox._inbox_build_routes();
     -- the routers whose body changed
-    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_kinds() AS k
-             WHERE mailbox._inbox_route_body(k.kind) IS DISTINCT FROM v_before ->> k.kind);
+    RETURN (SELECT pg_catalog.count(*) FROM mailbox._inbox_route_states() AS r
+             WHERE r.body IS DISTINCT FROM v_before ->> r.kind);
 END
 $$;
 

@@ -257,6 +257,47 @@ BEGIN
     RETURN v_result;
 END$function$
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_named(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_waited pg_catalog.bool;
+    v_new pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive_named of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
+       OR $2 IS NULL
+       OR pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000
+       OR $6 IS NULL
+       OR $7 IS NULL
+       OR $10 NOT BETWEEN -32768 AND 32767 THEN
+        RETURN NULL; -- inbox_receive's full path raises the error
+    END IF;
+    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING
+        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                           WHERE w.inbox_key OPERATOR(pg_catalog.=) 1
+                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    v_new := FOUND;
+    IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
+        RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;
+    IF v_waited THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
+    END IF;
+    RETURN v_new;
+END$function$
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_touch()
  RETURNS trigger
  LANGUAGE plpgsql

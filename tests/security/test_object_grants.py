@@ -204,3 +204,82 @@ def test_authorize_rule(db, connect, role):
     finally:
         for name in (member, admin, other):
             drop_role(db, name)
+
+
+# ------------------------------------------------- a managed inbox's named receive (part 35)
+def producer(connect, name):
+    conn = connect(autocommit=False)
+    conn.execute(f'SET ROLE "{name}"')  # committed with the first transaction: it stays
+    return conn
+
+
+def receive(conn, inbox, event_id):
+    return scalar(conn, "SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id])
+
+
+def test_a_first_grant_waits_for_a_transaction_that_wrote_the_inbox(db, connect, role):
+    """A managed inbox's single receive looks nothing up (docs/inbox.md, "How calls reach an
+    inbox"): a transaction that wrote the inbox's table takes no new lock there, so keeps
+    the routers it has. A first grant waits for it, and applies to every receive after."""
+    name = make_role(db, "mailbox_producer")
+    try:
+        db.execute("SELECT mailbox.create_inbox('orders_in')")
+        conn = producer(connect, name)
+        assert receive(conn, "orders_in", "m1") is True
+        granting = connect()
+        errors = []
+
+        def grant():
+            try:
+                granting.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'receive')", [role])
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=grant)
+        t.start()
+        wait_blocked(db, granting)
+        assert receive(conn, "orders_in", "m2") is True  # before the grant
+        conn.commit()
+        t.join(10)
+        assert not t.is_alive() and not errors, errors
+        with raises("42501"):
+            receive(conn, "orders_in", "m3")
+        conn.rollback()
+        assert rows(db, "SELECT event_id FROM mailbox.orders_in ORDER BY 1") == [("m1",), ("m2",)]
+    finally:
+        drop_role(db, name)
+
+
+def test_a_receive_from_before_a_first_grant_is_refused_not_stored(db, connect, role):
+    """A transaction that had not written the inbox when its first grant committed still
+    runs its old routers: the named receive finds them stale after its INSERT (whose lock
+    makes it read the catalog) and refuses with 40001, storing nothing; the retry takes the
+    full path, which checks the grant."""
+    name = make_role(db, "mailbox_producer")
+    try:
+        db.execute("SELECT mailbox.create_inbox('orders_in')")
+        db.execute("SELECT mailbox.create_inbox('other_in')")
+        conn = producer(connect, name)
+        assert receive(conn, "orders_in", "warm") is True  # plans with the arms inlined
+        conn.commit()
+        assert (
+            receive(conn, "other_in", "o1") is True
+        )  # this transaction holds no lock of orders_in
+        db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'receive')", [role])
+        with raises("40001") as info:
+            receive(conn, "orders_in", "late")
+        assert "changed while this transaction was open" in str(info.value)
+        conn.rollback()
+        with raises("42501"):
+            receive(conn, "orders_in", "late")
+        conn.rollback()
+        assert rows(db, "SELECT event_id FROM mailbox.orders_in") == [("warm",)]
+        # the last revoke gives the named receive back
+        db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'receive')", [role])
+        assert receive(conn, "orders_in", "reopened") is True
+        conn.commit()
+        assert "'orders_in'" in scalar(
+            db, "SELECT prosrc FROM pg_proc WHERE proname = '_inbox_route_receive_named'"
+        )
+    finally:
+        drop_role(db, name)

@@ -55,9 +55,10 @@ def test_every_security_definer_function_pins_search_path(db):
 
 
 def test_every_function_has_a_pinned_search_path(db):
-    # Ten exceptions: the seven inbox routers (part 35, routes), one-expression SQL functions left
-    # without SET so the planner inlines them into the pinned public functions
-    # (test_the_routers_name_nothing_a_search_path_could_redirect); enable_outbox, an
+    # Twelve exceptions: the seven inbox routers (part 35, routes) and the two named ones (part
+    # 35, named receive), one-expression SQL functions left without SET so the planner inlines
+    # them into the pinned public functions (test_the_routers_name_nothing_a_search_path_...
+    # and test_the_named_routers_name_nothing_a_search_path_...); enable_outbox, an
     # invoker function that must resolve its table argument with the caller's search_path
     # (it calls the definer _enable_outbox); the
     # procedure run_numberer, which commits and so may not have a SET clause (it pins the
@@ -75,10 +76,12 @@ def test_every_function_has_a_pinned_search_path(db):
     assert sorted(r[0] for r in got) == [
         "mailbox._inbox_route_claim(mailbox._inbox,integer,timestamp with time zone,boolean)",
         "mailbox._inbox_route_failed(mailbox._inbox,text,text)",
+        "mailbox._inbox_route_named_version(text)",
         "mailbox._inbox_route_processed(mailbox._inbox,text)",
         "mailbox._inbox_route_processed_batch(mailbox._inbox,text[])",
         "mailbox._inbox_route_receive(mailbox._inbox,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._inbox_route_receive_batch(mailbox._inbox,jsonb)",
+        "mailbox._inbox_route_receive_named(text,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._inbox_route_unsettled(mailbox._inbox,text[])",
         "mailbox._settings()",
         "mailbox.enable_outbox(text,integer,integer,text,boolean,integer)",
@@ -111,6 +114,38 @@ def test_the_routers_name_nothing_a_search_path_could_redirect(db):
             [f"mailbox._inbox_route_{kind}"],
         )
         assert config is None
+
+
+def test_the_named_routers_name_nothing_a_search_path_could_redirect(db):
+    # 10 managed inboxes, so the CASE splits on OPERATOR(pg_catalog.<) too, and one with
+    # grants (no arm: it takes the full path, which checks them)
+    names = [f"nr{i}" for i in range(10)]
+    for name in names + ["granted"]:
+        db.execute("SELECT mailbox.create_inbox(%s)", [name])
+    db.execute("SELECT mailbox.grant_inbox('granted', 'mailbox_producer', 'receive')")
+    token = re.compile(
+        r"SELECT|CASE|WHEN|THEN|ELSE|END|\$1|OPERATOR\(pg_catalog\.[=<]\)"
+        r"|'(?:[^']|'')*'::pg_catalog\.text|COLLATE pg_catalog\.\"C\"|\d+"
+        r"|NULL::pg_catalog\.(?:bool|text)"
+        r"|mailbox\._inbox_\d+_receive_named\(NULL::mailbox\._inbox, (?:\$\d+, )*\$\d+\)|\s+"
+    )
+    for kind in ("receive_named", "named_version"):
+        fn = f"mailbox._inbox_route_{kind}"
+        body = scalar(db, "SELECT prosrc FROM pg_proc WHERE proname = %s", [fn.split(".")[1]])
+        assert "OPERATOR(pg_catalog.<)" in body and "'nr9'" in body, body
+        assert "'granted'" not in body, body
+        assert token.sub("", body) == "", body
+        config = scalar(db, "SELECT proconfig FROM pg_proc WHERE proname = %s", [fn.split(".")[1]])
+        assert config is None
+    assert scalar(db, "SELECT mailbox.inbox_receive('nr9', 'm', '{}')") is True
+    assert (
+        scalar(
+            db,
+            "SELECT mailbox._inbox_route_receive_named('granted', 'm', '{}',"
+            " NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        )
+        is None
+    )
 
 
 def test_the_settings_registry_names_nothing_a_search_path_could_redirect(db):

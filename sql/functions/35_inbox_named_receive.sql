@@ -1,0 +1,261 @@
+-- Part 35 (named receive, issue 11): the single inbox_receive of a managed inbox without
+-- grants of its own, in one call that looks nothing up.
+--
+-- inbox_receive used to start with a catalog lookup (the inbox's row, whether it has grants,
+-- whether its table was moved, whether a worker waits), a statement of its own: on a 2-core
+-- machine about as much backend time as the INSERT it guards, and the main reason a single
+-- receive ran at 0.6-0.7 of a plain INSERT. For a managed inbox (create_inbox: the extension
+-- owner's table with the standard columns) everything the lookup found is known when its
+-- functions are generated, or can ride in the INSERT:
+--   * the router mailbox._inbox_route_receive_named, a one-expression SQL function inlined
+--     into inbox_receive's cached plan (like the key routers, part 35, routes), maps the name
+--     to _inbox_<key>_receive_named(NULL, ...). It has an arm for a managed inbox whose
+--     functions the extension owner owns and that has NO GRANTS: an inbox with grants (and
+--     every adopted table) takes the full path, which checks them. Its ELSE is NULL;
+--   * _inbox_<key>_receive_named checks the arguments and that its table is still the one it
+--     was generated for (to_regclass, as the full path does), and returns NULL for anything
+--     it would refuse, so that the full path raises the error (one place for every message);
+--     then it inserts, and reads whether a worker waits in the INSERT's RETURNING;
+--   * after the INSERT, whose lock makes the session read the catalog changes committed
+--     before it (AcceptInvalidationMessages), it asks the second router,
+--     _inbox_route_named_version, whether the name still routes to the function it runs,
+--     generated from the catalog row as it is now (the key and a digest of the body): a
+--     session that ran routers or a body from before a first grant, a reconfiguration, a
+--     drop or a re-creation that committed while its transaction was open raises 40001
+--     instead of storing the message (nothing stays);
+--   * a transaction that already wrote the table takes no new lock there, so reads no
+--     catalog change: grant_inbox (a first grant, part 39), every regeneration of a managed
+--     inbox's functions (_inbox_generate) and drop_inbox take a SHARE lock on its table
+--     first (_inbox_quiesce), so such a transaction ends before they commit.
+-- What the arm skips is what the lookup gave; the ordering, priority and column checks are
+-- the generated receive's, baked in (the table's insert trigger also refuses an unordered
+-- message once ordering is on, part 34, gap state).
+--
+-- These functions touch _inbox_waiter, which the other generated functions never do: they
+-- exist only for the extension owner's own tables, so they run with no rights beyond the
+-- public function that calls them.
+
+-- Waits for the transactions that wrote a managed inbox's table (they would keep its named
+-- receive as it was, above) and makes new ones wait for this one's commit: the first step of
+-- grant_inbox's first grant, of a regeneration and of a drop.
+CREATE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+BEGIN
+    IF p_inbox.is_managed AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel) THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', p_inbox.table_rel);
+    END IF;
+END
+$$;
+
+-- The body of _inbox_<key>_receive_named (only for a managed inbox). Parameters as the
+-- generated receive's: $1 the catalog row (always NULL here: the type only makes the
+-- function depend on the extension), then role i of _inbox_receive_roles() is $(i + 1).
+CREATE FUNCTION mailbox._inbox_build_receive_named(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_parts record; -- _inbox_receive_parts, shared with the receive (part 35, builders)
+    v_table text := mailbox._inbox_table_sql(p_inbox);
+    -- what the full path refuses, in the full path's order (it raises the error)
+    -- (p_version NULL: the text _inbox_named_version digests, without the table's oid, which
+    -- a restore changes)
+    v_refuse text[] := ARRAY[
+        pg_catalog.format('pg_catalog.to_regclass(%L) IS DISTINCT FROM %s::pg_catalog.regclass',
+                          v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END),
+        '$2 IS NULL', 'pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000'];
+    n int;
+BEGIN
+    SELECT * INTO v_parts FROM mailbox._inbox_receive_parts(p_inbox);
+    IF NOT p_inbox.is_managed THEN
+        RAISE EXCEPTION 'inbox % is not managed: it has no named receive', p_inbox.inbox_name
+            USING ERRCODE = 'XX000';
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        v_refuse := v_refuse || '$6 IS NULL'::text || '$7 IS NULL'::text;
+    END IF;
+    FOREACH n IN ARRAY v_parts.unmapped LOOP
+        v_refuse := v_refuse || pg_catalog.format('$%s IS NOT NULL', n);
+    END LOOP;
+    IF v_parts.smallint_priority THEN
+        v_refuse := v_refuse || '$10 NOT BETWEEN -32768 AND 32767'::text;
+    END IF;
+    RETURN pg_catalog.format($b$
+    IF %1$s THEN
+        RETURN NULL; -- inbox_receive's full path raises the error
+    END IF;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING
+        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                           WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
+                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    v_new := FOUND;
+    IF mailbox._inbox_route_named_version(%7$L) IS DISTINCT FROM %8$L THEN
+        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %7$L
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;
+    IF v_waited THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+    END IF;
+    RETURN v_new;$b$,
+        pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,
+        pg_catalog.array_to_string(v_parts.cols, ', '), pg_catalog.array_to_string(v_parts.vals, ', '),
+        p_inbox.columns ->> 'event_id',
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''));
+END
+$$;
+
+-- What a named receive was generated from: the inbox's key and a digest of its body (built
+-- without version and table oid, so a restored database has the same versions).
+CREATE FUNCTION mailbox._inbox_named_version(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL));
+$$;
+
+-- Whether an inbox's named receive exists, is the extension owner's, and was generated from
+-- its catalog row as it is now and for its table as it is now (the oid: a restored database's
+-- functions name the dumped one until maintenance regenerates them, part 43).
+CREATE FUNCTION mailbox._inbox_named_current(p_inbox mailbox._inbox)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                    WHERE p.pronamespace = 'mailbox'::regnamespace
+                      AND p.proname = '_inbox_' || p_inbox.inbox_key || '_receive_named'
+                      AND p.proowner = mailbox._extension_owner()
+                      AND pg_catalog.strpos(p.prosrc, pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox))) > 0
+                      AND pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
+$$;
+
+-- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
+-- routers split on it): managed, without grants, with a named receive that the extension
+-- owner owns and that was generated from the catalog row as it is now.
+CREATE FUNCTION mailbox._inbox_named_arms()
+RETURNS TABLE (inbox_name text, inbox_key int, version text)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i)
+      FROM mailbox._inbox AS i
+     WHERE i.is_managed AND NOT i.has_grants
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
+       AND mailbox._inbox_named_current(i)
+     ORDER BY i.inbox_name COLLATE "C";
+$$;
+
+-- The CASE over p_names (sorted) for a named router: up to 8 names one arm each, more split
+-- in halves. Arm i is p_call with %s replaced by p_keys[i].
+CREATE FUNCTION mailbox._inbox_route_named_case(p_names text[], p_keys text[], p_call text, p_else text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_n int := pg_catalog.cardinality(p_names);
+    v_half int := v_n / 2;
+BEGIN
+    IF v_n <= 8 THEN
+        RETURN pg_catalog.format('CASE%s ELSE %s END',
+            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN $1 OPERATOR(pg_catalog.=) %L::pg_catalog.text THEN %s',
+                                                            n, pg_catalog.replace(p_call, '%s', p_keys[o]::text)), '' ORDER BY o)
+               FROM pg_catalog.unnest(p_names) WITH ORDINALITY AS u (n, o)),
+            p_else);
+    END IF;
+    RETURN pg_catalog.format('CASE WHEN $1 OPERATOR(pg_catalog.<) %L::pg_catalog.text COLLATE pg_catalog."C" THEN %s ELSE %s END',
+        p_names[v_half + 1],
+        mailbox._inbox_route_named_case(p_names[1:v_half], p_keys[1:v_half], p_call, p_else),
+        mailbox._inbox_route_named_case(p_names[v_half + 1:], p_keys[v_half + 1:], p_call, p_else));
+END
+$$;
+
+-- The bodies of the two named routers for the inboxes that have an arm now:
+-- receive_named(name, event_id, ...) calls the inbox's named receive; named_version(name) is
+-- what that function was generated from.
+CREATE FUNCTION mailbox._inbox_route_named_sql(p_kind text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_names text[];
+    v_keys text[];
+    v_versions text[];
+BEGIN
+    SELECT pg_catalog.array_agg(a.inbox_name ORDER BY a.inbox_name COLLATE "C"),
+           pg_catalog.array_agg(a.inbox_key::text ORDER BY a.inbox_name COLLATE "C"),
+           pg_catalog.array_agg(pg_catalog.quote_literal(a.version) || '::pg_catalog.text' ORDER BY a.inbox_name COLLATE "C")
+      INTO v_names, v_keys, v_versions
+      FROM mailbox._inbox_named_arms() AS a;
+    IF v_names IS NULL THEN
+        RETURN CASE p_kind WHEN 'receive_named' THEN 'SELECT NULL::pg_catalog.bool' ELSE 'SELECT NULL::pg_catalog.text' END;
+    END IF;
+    RETURN 'SELECT ' || CASE p_kind
+        WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
+            'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
+            'NULL::pg_catalog.bool')
+        ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
+END
+$$;
+
+-- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
+-- the DDL lock; _inbox_build_routes calls it). Returns how many were rebuilt.
+CREATE FUNCTION mailbox._inbox_build_named_routes()
+RETURNS int
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_sql text;
+    v_built int := 0;
+BEGIN
+    v_sql := mailbox._inbox_route_named_sql('receive_named');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named('
+                                  'text, text, jsonb, text, text, text, bigint, jsonb, text, int) RETURNS boolean'
+                                  ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
+    v_sql := mailbox._inbox_route_named_sql('named_version');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
+                                  ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
+    RETURN v_built;
+END
+$$;
+
+-- The named routers as the extension script makes them: no arm, every inbox through the full
+-- path, until the first rebuild (the script's last step, and every inbox DDL).
+CREATE FUNCTION mailbox._inbox_route_receive_named(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.bool$$;
+
+CREATE FUNCTION mailbox._inbox_route_named_version(text)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.text$$;
+
+-- Every router (the key routers of part 35, routes, and the two above) with the body it has
+-- and the body the catalog asks for now: maintenance rebuilds them when one differs.
+CREATE FUNCTION mailbox._inbox_route_states()
+RETURNS TABLE (kind text, body text, wanted text)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT k.kind, mailbox._inbox_route_body(k.kind), mailbox._inbox_route_sql(k.kind, k.nargs)
+      FROM mailbox._inbox_route_kinds() AS k
+    UNION ALL
+    SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
+      FROM (VALUES ('receive_named'), ('named_version')) AS n (kind);
+$$;
