@@ -5085,10 +5085,13 @@ BEGIN
      WHERE c.oid = v_inbox.table_rel;
     -- dropping the table: first wait for the transactions that use it (a worker's open
     -- claim), which read the inbox's per-inbox views, rather than hold those views' locks
-    -- while waiting for the table (a worker's next read of them would deadlock). Without
-    -- the table, drop_inbox takes no lock on it (docs/inbox.md, drop_inbox).
+    -- while waiting for the table (a worker's next read of them would deadlock). Keeping a
+    -- managed table: wait the same way for those that wrote it, which keep its named receive
+    -- (part 35, named receive); an adopted table is not locked (docs/inbox.md, drop_inbox).
     IF v_table IS NOT NULL AND v_inbox.is_managed AND p_cascade THEN
         EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_table);
+    ELSE
+        PERFORM mailbox._inbox_quiesce(v_inbox);
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);
@@ -7239,15 +7242,18 @@ $$;
 
 -- Waits for the transactions that wrote a managed inbox's table (they would keep its named
 -- receive as it was, above) and makes new ones wait for this one's commit: the first step of
--- grant_inbox's first grant, of a regeneration and of a drop.
-CREATE OR REPLACE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox)
+-- grant_inbox's first grant, of a regeneration and of a drop (before it drops the views
+-- such a transaction may read next).
+-- p_nowait: fail at once (55P03) instead of waiting, for maintenance (part 43).
+CREATE OR REPLACE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox, p_nowait boolean DEFAULT FALSE)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     IF p_inbox.is_managed AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel) THEN
-        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', p_inbox.table_rel);
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE%s', p_inbox.table_rel,
+                                  CASE WHEN p_nowait THEN ' NOWAIT' ELSE '' END);
     END IF;
 END
 $$;
@@ -9041,9 +9047,16 @@ BEGIN
     v_before := (SELECT pg_catalog.jsonb_object_agg(r.kind, r.body) FROM mailbox._inbox_route_states() AS r);
     FOREACH v_inbox IN ARRAY v_misfit LOOP
         BEGIN -- one inbox that cannot be regenerated leaves the others (and maintenance) alone
+            -- a managed table some transaction writes now is left for the next pass, rather
+            -- than waited for (it would hold up that inbox's receivers meanwhile, and could
+            -- deadlock with a receiver that holds another inbox this pass locked)
+            PERFORM mailbox._inbox_quiesce(v_inbox, p_nowait => TRUE);
             PERFORM mailbox._inbox_generate(v_inbox); -- (rebuilds the routers too)
-        EXCEPTION WHEN OTHERS THEN
-            RAISE WARNING 'regenerating the functions of inbox % failed: %', v_inbox.inbox_name, SQLERRM;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                NULL;
+            WHEN OTHERS THEN
+                RAISE WARNING 'regenerating the functions of inbox % failed: %', v_inbox.inbox_name, SQLERRM;
         END;
     END LOOP;
     PERFORM mailbox._inbox_build_routes();

@@ -207,10 +207,13 @@ BEGIN
      WHERE c.oid = v_inbox.table_rel;
     -- dropping the table: first wait for the transactions that use it (a worker's open
     -- claim), which read the inbox's per-inbox views, rather than hold those views' locks
-    -- while waiting for the table (a worker's next read of them would deadlock). Without
-    -- the table, drop_inbox takes no lock on it (docs/inbox.md, drop_inbox).
+    -- while waiting for the table (a worker's next read of them would deadlock). Keeping a
+    -- managed table: wait the same way for those that wrote it, which keep its named receive
+    -- (part 35, named receive); an adopted table is not locked (docs/inbox.md, drop_inbox).
     IF v_table IS NOT NULL AND v_inbox.is_managed AND p_cascade THEN
         EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', v_table);
+    ELSE
+        PERFORM mailbox._inbox_quiesce(v_inbox);
     END IF;
     PERFORM mailbox._inbox_drop_views(v_inbox);
     PERFORM mailbox._inbox_gap_untrack(v_inbox);

@@ -37,15 +37,18 @@
 
 -- Waits for the transactions that wrote a managed inbox's table (they would keep its named
 -- receive as it was, above) and makes new ones wait for this one's commit: the first step of
--- grant_inbox's first grant, of a regeneration and of a drop.
-CREATE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox)
+-- grant_inbox's first grant, of a regeneration and of a drop (before it drops the views
+-- such a transaction may read next).
+-- p_nowait: fail at once (55P03) instead of waiting, for maintenance (part 43).
+CREATE FUNCTION mailbox._inbox_quiesce(p_inbox mailbox._inbox, p_nowait boolean DEFAULT FALSE)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     IF p_inbox.is_managed AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = p_inbox.table_rel) THEN
-        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', p_inbox.table_rel);
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE%s', p_inbox.table_rel,
+                                  CASE WHEN p_nowait THEN ' NOWAIT' ELSE '' END);
     END IF;
 END
 $$;

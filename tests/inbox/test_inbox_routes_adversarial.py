@@ -10,10 +10,13 @@ only mailbox._inbox_<key>_<kind>, the ELSE arm also mailbox._inbox_dispatch_<kin
 """
 
 import re
+import threading
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
+from groups import wait_blocked
 from mbx import drop_role, make_role, raises, rows, scalar
 from psycopg.types.json import Jsonb
 
@@ -986,3 +989,64 @@ def test_maintenance_does_not_wait_for_a_worker_transaction_on_an_expired_wait(t
     # rolled back: the expired wait is back, and the next pass forgets it
     assert scalar(maintenance, "SELECT mailbox.run_maintenance() -> 'inbox_waits_expired'") == 1
     assert waiters(db) == []
+
+
+# ----------------------------------------------- the named receive's SHARE lock (part 35)
+def test_drop_inbox_keeping_the_table_waits_for_a_writer_before_dropping_its_views(db, connect):
+    """drop_inbox without cascade waits for a transaction that wrote the managed table (it
+    keeps the named receive) before it drops the views that transaction may read next, so
+    the two do not deadlock."""
+    db.execute("SELECT mailbox.create_inbox('dv')")
+    worker = tracked(connect)
+    dropper = connect()
+    with worker.transaction():
+        assert receive(worker, "dv", "a") is True
+        errors = []
+
+        def drop():
+            try:
+                dropper.execute("SELECT mailbox.drop_inbox('dv')")
+            except Exception as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=drop)
+        t.start()
+        wait_blocked(db, dropper)
+        assert scalar(worker, "SELECT count(*) FROM mailbox.pending_dv") == 1
+    t.join(10)
+    assert not t.is_alive() and not errors, errors
+    assert table_ids(db, "mailbox.dv") == ["a"]
+    assert scalar(db, "SELECT to_regclass('mailbox.pending_dv')") is None
+
+
+def test_maintenance_leaves_a_named_receive_whose_table_is_written_to_its_next_pass(db, connect):
+    """After a restore every named receive names its table's old oid; maintenance
+    regenerates them, but not one whose table a transaction is writing: it would wait for
+    that transaction and hold up the inbox's receivers meanwhile."""
+    db.execute("SELECT mailbox.create_inbox('a')")
+    k = key(db, "a")
+    fn = f"mailbox._inbox_{k}_receive_named"
+    oid = scalar(db, "SELECT 'mailbox.a'::regclass::oid")
+    definition = scalar(db, "SELECT pg_get_functiondef(%s::regproc)", [fn])
+    db.execute(definition.replace(f" {oid}::pg_catalog.regclass", " 1::pg_catalog.regclass"))
+    current = (
+        "SELECT mailbox._inbox_named_current(i) FROM mailbox._inbox AS i WHERE inbox_name = 'a'"
+    )
+    assert scalar(db, current) is False
+    writer = connect(autocommit=False)
+    writer.execute("INSERT INTO mailbox.a (event_id) VALUES ('w')")
+    db.execute("SET lock_timeout = '3s'")
+    started = time.monotonic()
+    db.execute("SELECT mailbox._inbox_refresh_routes()")
+    assert time.monotonic() - started < 1.5  # not waited for the writer
+    assert scalar(db, current) is False
+    assert "'a'" not in router_src(db, "receive_named")
+    writer.commit()
+    assert scalar(db, "SELECT mailbox._inbox_refresh_routes()") >= 1
+    assert scalar(db, current) is True
+    assert routed_keys(db, "receive_named") == [k]
+    db.execute("SET track_functions = 'all'")
+    with db.transaction():
+        calls_before = calls(db, fn)
+        assert receive(db, "a", "after") is True
+        assert calls(db, fn) == calls_before + 1
