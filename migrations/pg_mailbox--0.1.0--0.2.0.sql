@@ -4930,6 +4930,50 @@ BEGIN
 END
 $$;
 
+-- create_inbox's schema checks: the schema exists, is not a system schema, the caller may
+-- create in it, and no role but a superuser owns it. A schema's owner may drop or rename any
+-- table in it, so a tenant owning the schema could swap the table under a receive waiting for
+-- its lock; the re-planned statement would then run the tenant's trigger as the extension
+-- owner (docs/security.md). public belongs to pg_database_owner, that is the database's owner.
+CREATE OR REPLACE FUNCTION mailbox._inbox_check_schema(p_schema text)
+RETURNS void
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_owner oid;
+BEGIN
+    SELECT CASE WHEN n.nspowner = 'pg_database_owner'::regrole
+                THEN (SELECT d.datdba FROM pg_catalog.pg_database AS d
+                       WHERE d.datname = pg_catalog.current_database())
+                ELSE n.nspowner END
+      INTO v_owner
+      FROM pg_catalog.pg_namespace AS n WHERE n.nspname = p_schema;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'schema not found: %', p_schema
+            USING ERRCODE = '3F000', HINT = 'Create the schema first, or pass an existing one.';
+    END IF;
+    IF p_schema LIKE 'pg\_%' OR p_schema = 'information_schema' THEN
+        RAISE EXCEPTION 'cannot create an inbox in system schema: %', p_schema
+            USING ERRCODE = '22023', HINT = 'Pass your own schema, or omit p_schema for mailbox.';
+    END IF;
+    IF p_schema <> 'mailbox' AND NOT pg_catalog.has_schema_privilege(mailbox._caller(), p_schema, 'CREATE') THEN
+        RAISE EXCEPTION 'permission denied for schema %', p_schema
+            USING ERRCODE = '42501',
+                  HINT = pg_catalog.format('Role %s needs CREATE on schema %s.', mailbox._caller(), p_schema);
+    END IF;
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.oid = v_owner) IS NOT TRUE THEN
+        RAISE EXCEPTION 'cannot create a managed inbox in schema %: its owner % is not a superuser',
+                        p_schema, v_owner::regrole
+            USING ERRCODE = '42501',
+                  DETAIL = 'A schema''s owner can drop or replace any table in it, and the inbox '
+                           'functions write the managed table as the extension owner.',
+                  HINT = 'Create the table yourself and adopt it with mailbox.enable_inbox_tracking(), '
+                         'or use a schema a superuser owns (omit p_schema for mailbox).';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION mailbox.create_inbox(
     p_name text,
     p_schema text DEFAULT 'mailbox',
@@ -4954,19 +4998,7 @@ BEGIN
     PERFORM mailbox._require(p_retention_hours, 'p_retention_hours');
     PERFORM mailbox._ddl_lock();
     PERFORM mailbox._inbox_check_new(p_name, p_max_retries, p_retention_hours);
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = p_schema) THEN
-        RAISE EXCEPTION 'schema not found: %', p_schema
-            USING ERRCODE = '3F000', HINT = 'Create the schema first, or pass an existing one.';
-    END IF;
-    IF p_schema LIKE 'pg\_%' OR p_schema = 'information_schema' THEN
-        RAISE EXCEPTION 'cannot create an inbox in system schema: %', p_schema
-            USING ERRCODE = '22023', HINT = 'Pass your own schema, or omit p_schema for mailbox.';
-    END IF;
-    IF p_schema <> 'mailbox' AND NOT pg_catalog.has_schema_privilege(mailbox._caller(), p_schema, 'CREATE') THEN
-        RAISE EXCEPTION 'permission denied for schema %', p_schema
-            USING ERRCODE = '42501',
-                  HINT = pg_catalog.format('Role %s needs CREATE on schema %s.', mailbox._caller(), p_schema);
-    END IF;
+    PERFORM mailbox._inbox_check_schema(p_schema);
     IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', p_schema, p_name)) IS NOT NULL THEN
         RAISE EXCEPTION 'relation already exists: %', pg_catalog.format('%I.%I', p_schema, p_name)
             USING ERRCODE = '42710',

@@ -61,6 +61,52 @@ def test_create_inbox_in_a_schema_needs_create_there(db, roles):
     db.execute(f'REVOKE CREATE ON SCHEMA locked FROM "{roles["admin"]}"')
 
 
+def test_create_inbox_refuses_a_schema_a_tenant_owns(db, roles):
+    """The owner of a schema can drop or rename any table in it, and so swap a managed table
+    under a receive waiting for its lock: refused before anything is made (docs/security.md)."""
+    admin = roles["admin"]
+    db.execute(f'CREATE SCHEMA ten AUTHORIZATION "{admin}"')
+    try:
+        with raises("42501") as info:
+            as_role(db, admin, "SELECT mailbox.create_inbox('x', 'ten')")
+        assert "schema ten" in str(info.value) and admin in str(info.value)
+        assert "enable_inbox_tracking" in info.value.diag.message_hint
+        with raises("42501"):  # a superuser asking changes nothing: the owner is the hazard
+            db.execute("SELECT mailbox.create_inbox('x', 'ten')")
+        assert scalar(db, "SELECT to_regclass('ten.x')") is None
+        assert scalar(db, "SELECT count(*) FROM mailbox._inbox WHERE inbox_name = 'x'") == 0
+        # the way the hint points to: the tenant's own table, adopted, runs as the tenant
+        db.execute(f'SET ROLE "{admin}"')
+        db.execute(
+            "CREATE TABLE ten.x (event_id text PRIMARY KEY, payload jsonb,"
+            " processed_at timestamptz, retry_count int DEFAULT 0, error text,"
+            " received_at timestamptz DEFAULT now(), event_type text)"
+        )
+        db.execute("SELECT mailbox.enable_inbox_tracking('x', 'ten.x')")
+        db.execute("RESET ROLE")
+        assert as_role(db, admin, "SELECT mailbox.inbox_receive('x', 'e1', '{}')") is True
+        db.execute("SELECT mailbox.drop_inbox('x')")
+    finally:
+        db.execute("DROP SCHEMA ten CASCADE")
+
+
+def test_create_inbox_in_public_follows_the_database_owner(db, roles):
+    """public belongs to pg_database_owner: trusted only while a superuser owns the database."""
+    dbname = scalar(db, "SELECT current_database()")
+    owner = scalar(
+        db, "SELECT datdba::regrole::text FROM pg_database WHERE datname = current_database()"
+    )
+    db.execute(f'ALTER DATABASE "{dbname}" OWNER TO "{roles["admin"]}"')
+    try:
+        with raises("42501") as info:
+            db.execute("SELECT mailbox.create_inbox('pub', 'public')")
+        assert "schema public" in str(info.value)
+    finally:
+        db.execute(f'ALTER DATABASE "{dbname}" OWNER TO {owner}')
+    db.execute("SELECT mailbox.create_inbox('pub', 'public')")
+    db.execute("SELECT mailbox.drop_inbox('pub', p_cascade => true)")
+
+
 def test_adopting_needs_rights_on_the_table(db, roles):
     db.execute(
         "CREATE TABLE public.theirs (event_id text PRIMARY KEY, processed_at timestamptz,"
