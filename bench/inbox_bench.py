@@ -71,6 +71,8 @@ PLAIN_RECEIVE = (
     " VALUES (%s, '{\"n\": 1}', 'bench') ON CONFLICT (event_id) DO NOTHING"
 )
 PLAIN_MARK = "UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = %s"
+# pg_mailbox's: the inbox name, then the id.
+MAILBOX_RECEIVE = "SELECT mailbox.inbox_receive(%s, %s, '{\"n\": 1}', 'bench')"
 
 
 def connect(dsn, autocommit=True):
@@ -167,14 +169,7 @@ def bench_receive(dsn, n, repeat):
     def mailbox_calls():
         fresh("mailbox.rcv")
         with db.cursor() as cur:
-            took = timed(
-                lambda: [
-                    cur.execute(
-                        "SELECT mailbox.inbox_receive('rcv', %s, '{\"n\": 1}', 'bench')", [i]
-                    )
-                    for i in ids
-                ]
-            )
+            took = timed(lambda: [cur.execute(MAILBOX_RECEIVE, ["rcv", i]) for i in ids])
         check("mailbox.rcv")
         return n / took
 
@@ -360,64 +355,69 @@ MESSAGE_COLUMNS = (
 )
 
 
-def mailbox_worker(dsn, inbox, batch, per_message):
-    """inbox_claim(batch) then inbox_mark_processed per message, or once for the batch
-    (the text[] form); one transaction per batch."""
+def drain_mailbox(conn, inbox, worker, batch, per_message):
+    """inbox_claim(batch) then inbox_mark_processed per message, or once for the batch (the
+    text[] form); one transaction per batch, until nothing is left to claim."""
+    while True:
+        # the whole messages, as a consumer reads them (the baseline reads the same)
+        got = conn.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM mailbox.inbox_claim(%s, %s, %s)",
+            [inbox, worker, batch],
+        ).fetchall()
+        if not got:
+            conn.commit()
+            return
+        if per_message:
+            for row in got:
+                conn.execute("SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, row[0]])
+        else:
+            conn.execute(
+                "SELECT mailbox.inbox_mark_processed(%s, %s::text[])",
+                [inbox, [r[0] for r in got]],
+            )
+        conn.commit()
 
+
+def drain_plain(conn, batch, per_message, mark=PLAIN_MARK):
+    """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
+    makes the same number of round trips as claim + one mark call per message (`mark`, the
+    per-message statement, takes the id)."""
+    while True:
+        got = conn.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM public.plain_inbox WHERE processed_at IS NULL"
+            " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
+            [batch],
+        ).fetchall()
+        if not got:
+            conn.commit()
+            return
+        ids = [r[0] for r in got]
+        if per_message:
+            # one id, as a hand-written worker marks one message (and as
+            # inbox_mark_processed takes it): a one-element array costs the client
+            # an array adaptation per call, about a fifth of this loop's rate
+            for i in ids:
+                conn.execute(mark, [i])
+        else:
+            conn.execute(
+                "UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY(%s)",
+                [ids],
+            )
+        conn.commit()
+
+
+def mailbox_worker(dsn, inbox, batch, per_message):
     def work(i):
         with connect(dsn, autocommit=False) as conn:
-            while True:
-                # the whole messages, as a consumer reads them (the baseline reads the same)
-                got = conn.execute(
-                    f"SELECT {MESSAGE_COLUMNS} FROM mailbox.inbox_claim(%s, %s, %s)",
-                    [inbox, f"w{i}", batch],
-                ).fetchall()
-                if not got:
-                    conn.commit()
-                    return
-                if per_message:
-                    for row in got:
-                        conn.execute("SELECT mailbox.inbox_mark_processed(%s, %s)", [inbox, row[0]])
-                else:
-                    conn.execute(
-                        "SELECT mailbox.inbox_mark_processed(%s, %s::text[])",
-                        [inbox, [r[0] for r in got]],
-                    )
-                conn.commit()
+            drain_mailbox(conn, inbox, f"w{i}", batch, per_message)
 
     return work
 
 
 def plain_worker(dsn, batch, per_message, mark=PLAIN_MARK):
-    """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
-    makes the same number of round trips as claim + one mark call per message (`mark`, the
-    per-message statement, takes the id)."""
-
     def work(_):
         with connect(dsn, autocommit=False) as conn:
-            while True:
-                got = conn.execute(
-                    f"SELECT {MESSAGE_COLUMNS} FROM public.plain_inbox WHERE processed_at IS NULL"
-                    " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
-                    [batch],
-                ).fetchall()
-                if not got:
-                    conn.commit()
-                    return
-                ids = [r[0] for r in got]
-                if per_message:
-                    # one id, as a hand-written worker marks one message (and as
-                    # inbox_mark_processed takes it): a one-element array costs the client
-                    # an array adaptation per call, about a fifth of this loop's rate
-                    for i in ids:
-                        conn.execute(mark, [i])
-                else:
-                    conn.execute(
-                        "UPDATE public.plain_inbox SET processed_at = now()"
-                        " WHERE event_id = ANY(%s)",
-                        [ids],
-                    )
-                conn.commit()
+            drain_plain(conn, batch, per_message, mark)
 
     return work
 
