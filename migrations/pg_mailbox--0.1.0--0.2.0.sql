@@ -5151,8 +5151,136 @@ $$;
 COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 'remove an inbox: views and catalog rows, and with p_cascade the table create_inbox made';
 
+-- sql/functions/33_inbox_marks.sql
+-- Part 33 (marks): settling a message (SPEC §3.1): inbox_mark_processed and
+-- inbox_mark_failed, the per-message calls a worker makes after its business logic (the
+-- batch forms: part 37, batch API). They look the inbox up, check the caller's grants and
+-- the table, and dispatch to the inbox's generated functions (part 35), then end the lease
+-- (part 30's mailbox._inbox_lease) and, on an ordered inbox, record the aggregate's position.
+-- The single mark of a managed inbox without grants first tries the named mark (part 35,
+-- named receive), which looks nothing up.
+
+CREATE OR REPLACE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_inbox mailbox._inbox;
+    v_found record;
+    v_done mailbox._inbox_done;
+    v_named boolean;
+BEGIN
+    -- a managed, unordered inbox without grants: no lookup; NULL for any other inbox, and for
+    -- arguments it would refuse (part 35, named receive)
+    v_named := mailbox._inbox_route_processed_named(p_inbox, p_event_id);
+    IF v_named IS NOT NULL THEN
+        RETURN v_named;
+    END IF;
+    -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
+    -- of this transaction has none, part 37, claim settle)
+    SELECT i AS inbox,
+           i.has_grants AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved,
+           i.casts ? 'event_id' -- (a uuid or integer id: its lease has the canonical text)
+             OR EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
+                         WHERE l.inbox_key = i.inbox_key AND l.event_id = p_event_id) AS leased
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
+    END IF;
+    IF v_found.moved THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
+    END IF;
+    IF p_event_id IS NULL THEN
+        PERFORM mailbox._require(p_event_id, 'p_event_id');
+    END IF;
+    v_done := mailbox._inbox_route_processed(v_inbox, p_event_id); -- part 35, routes
+    IF v_done.event_id IS NULL THEN
+        RETURN FALSE;
+    END IF;
+    -- its lease ends with it. A lease written after the lookup (the commit of another
+    -- worker's claim this mark waited for) is seen by this later statement; only an ordered
+    -- inbox needs that (its lease rows carry the aggregate, which would hold the next head
+    -- back, part 37); elsewhere such a lease holds nothing until it expires, as a processed
+    -- message is never claimed, counted in flight, or replayed with its lease
+    IF v_found.leased OR v_inbox.ordering_first_sequence IS NOT NULL THEN
+        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
+    END IF;
+    -- the highest processed sequence: a replayed older message does not move it back, and a
+    -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
+    -- first (an existing aggregate only ever moves up to what was processed)
+    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_done.aggregate_id IS NOT NULL
+       AND v_done.sequence_num IS NOT NULL THEN
+        INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
+        VALUES (v_inbox.inbox_key, v_done.aggregate_id,
+                pg_catalog.int8larger(v_done.sequence_num, v_inbox.ordering_first_sequence - 1),
+                pg_catalog.clock_timestamp())
+            ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
+           SET last_seq = pg_catalog.int8larger(a.last_seq, v_done.sequence_num), updated_at = excluded.updated_at;
+    END IF;
+    RETURN TRUE;
+END
+$$;
+COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
+'mark a message processed; false when it does not exist or is already processed';
+
+CREATE OR REPLACE FUNCTION mailbox.inbox_mark_failed(
+    p_inbox text, p_event_id text, p_error text, p_retry_after_seconds int DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_inbox mailbox._inbox;
+    v_found record;
+    v_delay int := p_retry_after_seconds;
+BEGIN
+    -- one statement, as in inbox_receive
+    SELECT i AS inbox,
+           i.has_grants AS granted,
+           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+             IS DISTINCT FROM i.table_rel AS moved
+      INTO v_found
+      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
+    IF NOT FOUND THEN
+        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
+    END IF;
+    v_inbox := v_found.inbox;
+    IF v_found.granted THEN
+        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
+    END IF;
+    IF v_found.moved THEN
+        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
+    END IF;
+    IF v_delay IS NULL THEN
+        v_delay := mailbox._setting_int('inbox_retry_delay_seconds');
+    END IF;
+    IF p_event_id IS NULL THEN
+        PERFORM mailbox._require(p_event_id, 'p_event_id');
+    END IF;
+    IF v_delay < 0 THEN
+        RAISE EXCEPTION 'invalid retry delay: % seconds', v_delay
+            USING ERRCODE = '22023', HINT = 'p_retry_after_seconds is NULL (mailbox.inbox_retry_delay_seconds) or 0 or more.';
+    END IF;
+    RETURN mailbox._inbox_fail_one(v_inbox, p_event_id, p_error, v_delay);
+END
+$$;
+COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
+'record a failed attempt: ''retry'' (after an optional delay) or ''dead_letter'' at max_retries';
+
 -- sql/functions/33_inbox_messages.sql
--- Part 33: the inbox data plane (SPEC §3.1): receive, claim, mark (replay: part 33, replay).
+-- Part 33: the inbox data plane (SPEC §3.1): receive, claim (marks: part 33, marks; replay:
+-- part 33, replay).
 --
 -- The per-message functions check their arguments and dispatch to the inbox's generated
 -- functions (part 35), whose static SQL has cached plans and which alone touch the inbox
@@ -5421,117 +5549,6 @@ END
 $$;
 COMMENT ON FUNCTION mailbox.inbox_claim(text, text, int, int) IS
 'lease up to p_batch_size pending messages (SKIP LOCKED; honours ordering and priority)';
-
-CREATE OR REPLACE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_inbox mailbox._inbox;
-    v_found record;
-    v_done mailbox._inbox_done;
-BEGIN
-    -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
-    -- of this transaction has none, part 37, claim settle)
-    SELECT i AS inbox,
-           i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
-           i.casts ? 'event_id' -- (a uuid or integer id: its lease has the canonical text)
-             OR EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
-                         WHERE l.inbox_key = i.inbox_key AND l.event_id = p_event_id) AS leased
-      INTO v_found
-      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
-    IF NOT FOUND THEN
-        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
-    END IF;
-    v_inbox := v_found.inbox;
-    IF v_found.granted THEN
-        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
-    END IF;
-    IF v_found.moved THEN
-        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
-    END IF;
-    IF p_event_id IS NULL THEN
-        PERFORM mailbox._require(p_event_id, 'p_event_id');
-    END IF;
-    v_done := mailbox._inbox_route_processed(v_inbox, p_event_id); -- part 35, routes
-    IF v_done.event_id IS NULL THEN
-        RETURN FALSE;
-    END IF;
-    -- its lease ends with it. A lease written after the lookup (the commit of another
-    -- worker's claim this mark waited for) is seen by this later statement; only an ordered
-    -- inbox needs that (its lease rows carry the aggregate, which would hold the next head
-    -- back, part 37); elsewhere such a lease holds nothing until it expires, as a processed
-    -- message is never claimed, counted in flight, or replayed with its lease
-    IF v_found.leased OR v_inbox.ordering_first_sequence IS NOT NULL THEN
-        DELETE FROM mailbox._inbox_lease AS l WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = v_done.event_id;
-    END IF;
-    -- the highest processed sequence: a replayed older message does not move it back, and a
-    -- new aggregate starts at first sequence - 1 even if a stray lower sequence is processed
-    -- first (an existing aggregate only ever moves up to what was processed)
-    IF v_inbox.ordering_first_sequence IS NOT NULL AND v_done.aggregate_id IS NOT NULL
-       AND v_done.sequence_num IS NOT NULL THEN
-        INSERT INTO mailbox._inbox_aggregate AS a (inbox_key, aggregate_id, last_seq, updated_at)
-        VALUES (v_inbox.inbox_key, v_done.aggregate_id,
-                pg_catalog.int8larger(v_done.sequence_num, v_inbox.ordering_first_sequence - 1),
-                pg_catalog.clock_timestamp())
-            ON CONFLICT (inbox_key, aggregate_id) DO UPDATE
-           SET last_seq = pg_catalog.int8larger(a.last_seq, v_done.sequence_num), updated_at = excluded.updated_at;
-    END IF;
-    RETURN TRUE;
-END
-$$;
-COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
-'mark a message processed; false when it does not exist or is already processed';
-
-CREATE OR REPLACE FUNCTION mailbox.inbox_mark_failed(
-    p_inbox text, p_event_id text, p_error text, p_retry_after_seconds int DEFAULT NULL
-)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_inbox mailbox._inbox;
-    v_found record;
-    v_delay int := p_retry_after_seconds;
-BEGIN
-    -- one statement, as in inbox_receive
-    SELECT i AS inbox,
-           i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved
-      INTO v_found
-      FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
-    IF NOT FOUND THEN
-        PERFORM mailbox._inbox_get(p_inbox); -- raises 22004 or 42704
-    END IF;
-    v_inbox := v_found.inbox;
-    IF v_found.granted THEN
-        PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, 'process');
-    END IF;
-    IF v_found.moved THEN
-        PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
-    END IF;
-    IF v_delay IS NULL THEN
-        v_delay := mailbox._setting_int('inbox_retry_delay_seconds');
-    END IF;
-    IF p_event_id IS NULL THEN
-        PERFORM mailbox._require(p_event_id, 'p_event_id');
-    END IF;
-    IF v_delay < 0 THEN
-        RAISE EXCEPTION 'invalid retry delay: % seconds', v_delay
-            USING ERRCODE = '22023', HINT = 'p_retry_after_seconds is NULL (mailbox.inbox_retry_delay_seconds) or 0 or more.';
-    END IF;
-    RETURN mailbox._inbox_fail_one(v_inbox, p_event_id, p_error, v_delay);
-END
-$$;
-COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
-'record a failed attempt: ''retry'' (after an optional delay) or ''dead_letter'' at max_retries';
 
 -- sql/functions/33_inbox_replay.sql
 -- Part 33 (replay): replay_inbox_messages (SPEC §3.1), the one rare write of the inbox data
@@ -6966,7 +6983,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled', 'receive_named']) AS kind);
+                                                      'processed_batch', 'unsettled', 'receive_named',
+                                                      'processed_named']) AS kind);
 $$;
 
 CREATE OR REPLACE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -7105,7 +7123,7 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
-    -- a managed inbox's single receive without a lookup (part 35, named receive)
+    -- a managed inbox's single receive and mark without a lookup (part 35, named receive)
     IF p_inbox.is_managed THEN
         PERFORM mailbox._inbox_define(p_inbox, 'receive_named',
             (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
@@ -7113,6 +7131,8 @@ BEGIN
             'boolean', $d$
     v_waited pg_catalog.bool;
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+        PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
+    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
     END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();
@@ -7268,6 +7288,12 @@ $$;
 -- the generated receive's, baked in (the table's insert trigger also refuses an unordered
 -- message once ordering is on, part 34, gap state).
 --
+-- The named mark (issue 11) does the same for the single inbox_mark_processed of such an
+-- inbox when it is not ordered: _inbox_route_processed_named calls
+-- _inbox_<key>_processed_named(NULL, event_id), which marks the message and ends its lease
+-- in one statement, then checks the version as the named receive does (an ordered inbox's
+-- is only RETURN NULL: its marks record the aggregate's position on the full path).
+--
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
 -- public function that calls them.
@@ -7288,6 +7314,23 @@ BEGIN
                                   CASE WHEN p_nowait THEN ' NOWAIT' ELSE '' END);
     END IF;
 END
+$$;
+
+-- The check a named function makes after its statement, whose new table lock made the
+-- session read the catalog changes committed before it: 40001 unless the name still routes
+-- to a function of p_version (nothing the statement did stays).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_named_check(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    IF mailbox._inbox_route_named_version(%1$L) IS DISTINCT FROM %2$L THEN
+        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %1$L
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;$b$, p_inbox.inbox_name, COALESCE(p_version, ''));
 $$;
 
 -- The body of _inbox_<key>_receive_named (only for a managed inbox). Parameters as the
@@ -7332,13 +7375,7 @@ BEGIN
         RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                            WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
                              AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
-    v_new := FOUND;
-    IF mailbox._inbox_route_named_version(%7$L) IS DISTINCT FROM %8$L THEN
-        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %7$L
-            USING ERRCODE = '40001',
-                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
-                  HINT = 'Retry the transaction.';
-    END IF;
+    v_new := FOUND;%9$s
     IF v_waited THEN
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
     END IF;
@@ -7346,45 +7383,94 @@ BEGIN
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,
         pg_catalog.array_to_string(v_parts.cols, ', '), pg_catalog.array_to_string(v_parts.vals, ', '),
         p_inbox.columns ->> 'event_id',
-        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''));
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_check(p_inbox, p_version));
 END
 $$;
 
--- What a named receive was generated from: the inbox's key and a digest of its body (built
--- without version and table oid, so a restored database has the same versions).
+-- The body of _inbox_<key>_processed_named (only for a managed inbox): $1 as above, $2 the
+-- event id. NULL for what the full path refuses (it raises the error) and for an ordered
+-- inbox. The lease ends in the UPDATE's statement: a lease committed while the UPDATE waited
+-- for the row is not seen, and holds nothing until it expires (a processed message is never
+-- claimed, counted in flight or replayed with its lease; the full path re-reads only for an
+-- ordered inbox, part 33, marks).
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_table text := mailbox._inbox_table_sql(p_inbox);
+BEGIN
+    IF NOT p_inbox.is_managed THEN
+        RAISE EXCEPTION 'inbox % is not managed: it has no named mark', p_inbox.inbox_name
+            USING ERRCODE = 'XX000';
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        RETURN pg_catalog.format($b$
+    RETURN NULL; -- ordered: inbox_mark_processed's full path records the aggregate's position
+    -- version %s$b$, pg_catalog.quote_literal(COALESCE(p_version, '')));
+    END IF;
+    RETURN pg_catalog.format($b$
+    IF pg_catalog.to_regclass(%1$L) IS DISTINCT FROM %2$s::pg_catalog.regclass OR $2 IS NULL THEN
+        RETURN NULL; -- inbox_mark_processed's full path raises the error
+    END IF;
+    WITH done AS (
+        UPDATE %3$s AS t SET %4$I = pg_catalog.clock_timestamp() WHERE t.%5$I = $2 AND t.%4$I IS NULL
+        RETURNING t.%5$I
+    ), ended AS (
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %6$s AND l.event_id OPERATOR(pg_catalog.=) $2
+           AND EXISTS (SELECT 1 FROM done)
+    )
+    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%9$s
+    RETURN v_done;$b$,
+        v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END, v_table,
+        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id',
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_check(p_inbox, p_version));
+END
+$$;
+
+-- What a named receive and mark were generated from: the inbox's key and a digest of their
+-- bodies (built without version and table oid, so a restored database has the same versions).
 CREATE OR REPLACE FUNCTION mailbox._inbox_named_version(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL));
+    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL)
+                                                      || mailbox._inbox_build_processed_named(p_inbox, NULL));
 $$;
 
--- Whether an inbox's named receive exists, is the extension owner's, and was generated from
--- its catalog row as it is now and for its table as it is now (the oid: a restored database's
+-- Whether an inbox's named receive and mark exist, are the extension owner's, and were
+-- generated from its catalog row as it is now and for its table as it is now (the oid: a restored database's
 -- functions name the dumped one until maintenance regenerates them, part 43).
 CREATE OR REPLACE FUNCTION mailbox._inbox_named_current(p_inbox mailbox._inbox)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
-                    WHERE p.pronamespace = 'mailbox'::regnamespace
-                      AND p.proname = '_inbox_' || p_inbox.inbox_key || '_receive_named'
-                      AND p.proowner = mailbox._extension_owner()
-                      AND pg_catalog.strpos(p.prosrc, pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox))) > 0
-                      AND pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
+    SELECT pg_catalog.count(*) = 2
+      FROM pg_catalog.pg_proc AS p, (SELECT pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox)) AS v) AS n
+     WHERE p.pronamespace = 'mailbox'::regnamespace
+       AND p.proname IN ('_inbox_' || p_inbox.inbox_key || '_receive_named',
+                         '_inbox_' || p_inbox.inbox_key || '_processed_named')
+       AND p.proowner = mailbox._extension_owner()
+       AND pg_catalog.strpos(p.prosrc, n.v) > 0
+       AND (p.proname LIKE '%\_processed\_named' AND p_inbox.ordering_first_sequence IS NOT NULL
+            OR pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
 $$;
 
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
 -- routers split on it): managed, without grants, with a named receive that the extension
 -- owner owns and that was generated from the catalog row as it is now.
 CREATE OR REPLACE FUNCTION mailbox._inbox_named_arms()
-RETURNS TABLE (inbox_name text, inbox_key int, version text)
+RETURNS TABLE (inbox_name text, inbox_key int, version text, ordered boolean)
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i)
+    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i), i.ordering_first_sequence IS NOT NULL
       FROM mailbox._inbox AS i
      WHERE i.is_managed AND NOT i.has_grants
        AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
@@ -7417,9 +7503,10 @@ BEGIN
 END
 $$;
 
--- The bodies of the two named routers for the inboxes that have an arm now:
--- receive_named(name, event_id, ...) calls the inbox's named receive; named_version(name) is
--- what that function was generated from.
+-- The bodies of the three named routers for the inboxes that have an arm now:
+-- receive_named(name, event_id, ...) calls the inbox's named receive, processed_named(name,
+-- event_id) its named mark (not ordered inboxes'); named_version(name) is what those functions
+-- were generated from.
 CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_sql(p_kind text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -7434,14 +7521,17 @@ BEGIN
            pg_catalog.array_agg(a.inbox_key::text ORDER BY a.inbox_name COLLATE "C"),
            pg_catalog.array_agg(pg_catalog.quote_literal(a.version) || '::pg_catalog.text' ORDER BY a.inbox_name COLLATE "C")
       INTO v_names, v_keys, v_versions
-      FROM mailbox._inbox_named_arms() AS a;
+      FROM mailbox._inbox_named_arms() AS a
+     WHERE p_kind <> 'processed_named' OR NOT a.ordered; -- (an ordered inbox's mark: the full path)
     IF v_names IS NULL THEN
-        RETURN CASE p_kind WHEN 'receive_named' THEN 'SELECT NULL::pg_catalog.bool' ELSE 'SELECT NULL::pg_catalog.text' END;
+        RETURN CASE WHEN p_kind = 'named_version' THEN 'SELECT NULL::pg_catalog.text' ELSE 'SELECT NULL::pg_catalog.bool' END;
     END IF;
     RETURN 'SELECT ' || CASE p_kind
         WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
             'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
             'NULL::pg_catalog.bool')
+        WHEN 'processed_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
+            'mailbox._inbox_%s_processed_named(NULL::mailbox._inbox, $2)', 'NULL::pg_catalog.bool')
         ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
 END
 $$;
@@ -7464,6 +7554,12 @@ BEGIN
                                   ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
+    v_sql := mailbox._inbox_route_named_sql('processed_named');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
+                                  ' RETURNS boolean LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
     v_sql := mailbox._inbox_route_named_sql('named_version');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
@@ -7481,12 +7577,17 @@ RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT NULL::pg_catalog.bool$$;
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.bool$$;
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 AS $$SELECT NULL::pg_catalog.text$$;
 
--- Every router (the key routers of part 35, routes, and the two above) with the body it has
+-- Every router (the key routers of part 35, routes, and the three above) with the body it has
 -- and the body the catalog asks for now: maintenance rebuilds them when one differs.
 CREATE OR REPLACE FUNCTION mailbox._inbox_route_states()
 RETURNS TABLE (kind text, body text, wanted text)
@@ -7497,7 +7598,7 @@ AS $$
       FROM mailbox._inbox_route_kinds() AS k
     UNION ALL
     SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
-      FROM (VALUES ('receive_named'), ('named_version')) AS n (kind);
+      FROM (VALUES ('receive_named'), ('processed_named'), ('named_version')) AS n (kind);
 $$;
 
 -- sql/functions/35_inbox_routes.sql
@@ -9418,7 +9519,7 @@ GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, 
 TO mailbox_admin;
 GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_admin;
 
--- 33_inbox_messages.sql
+-- 33_inbox_messages.sql, 33_inbox_marks.sql
 GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
 TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;

@@ -79,7 +79,7 @@ GRANT EXECUTE ON FUNCTION mailbox.enable_inbox_tracking(text, text, text, text, 
 TO mailbox_admin;
 GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_admin;
 
--- 33_inbox_messages.sql
+-- 33_inbox_messages.sql, 33_inbox_marks.sql
 GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
 TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;

@@ -67,7 +67,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled', 'receive_named']) AS kind);
+                                                      'processed_batch', 'unsettled', 'receive_named',
+                                                      'processed_named']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -206,7 +207,7 @@ BEGIN
     RETURN v_result;$b$);
     -- the batch forms' receive_batch and processed_batch (part 36)
     PERFORM mailbox._inbox_generate_batch(p_inbox);
-    -- a managed inbox's single receive without a lookup (part 35, named receive)
+    -- a managed inbox's single receive and mark without a lookup (part 35, named receive)
     IF p_inbox.is_managed THEN
         PERFORM mailbox._inbox_define(p_inbox, 'receive_named',
             (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
@@ -214,6 +215,8 @@ BEGIN
             'boolean', $d$
     v_waited pg_catalog.bool;
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+        PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
+    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
     END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();

@@ -31,6 +31,12 @@
 -- the generated receive's, baked in (the table's insert trigger also refuses an unordered
 -- message once ordering is on, part 34, gap state).
 --
+-- The named mark (issue 11) does the same for the single inbox_mark_processed of such an
+-- inbox when it is not ordered: _inbox_route_processed_named calls
+-- _inbox_<key>_processed_named(NULL, event_id), which marks the message and ends its lease
+-- in one statement, then checks the version as the named receive does (an ordered inbox's
+-- is only RETURN NULL: its marks record the aggregate's position on the full path).
+--
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
 -- public function that calls them.
@@ -51,6 +57,23 @@ BEGIN
                                   CASE WHEN p_nowait THEN ' NOWAIT' ELSE '' END);
     END IF;
 END
+$$;
+
+-- The check a named function makes after its statement, whose new table lock made the
+-- session read the catalog changes committed before it: 40001 unless the name still routes
+-- to a function of p_version (nothing the statement did stays).
+CREATE FUNCTION mailbox._inbox_build_named_check(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    IF mailbox._inbox_route_named_version(%1$L) IS DISTINCT FROM %2$L THEN
+        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %1$L
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;$b$, p_inbox.inbox_name, COALESCE(p_version, ''));
 $$;
 
 -- The body of _inbox_<key>_receive_named (only for a managed inbox). Parameters as the
@@ -95,13 +118,7 @@ BEGIN
         RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                            WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
                              AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
-    v_new := FOUND;
-    IF mailbox._inbox_route_named_version(%7$L) IS DISTINCT FROM %8$L THEN
-        RAISE EXCEPTION 'inbox %% changed while this transaction was open', %7$L
-            USING ERRCODE = '40001',
-                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
-                  HINT = 'Retry the transaction.';
-    END IF;
+    v_new := FOUND;%9$s
     IF v_waited THEN
         PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
     END IF;
@@ -109,45 +126,94 @@ BEGIN
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,
         pg_catalog.array_to_string(v_parts.cols, ', '), pg_catalog.array_to_string(v_parts.vals, ', '),
         p_inbox.columns ->> 'event_id',
-        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''));
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_check(p_inbox, p_version));
 END
 $$;
 
--- What a named receive was generated from: the inbox's key and a digest of its body (built
--- without version and table oid, so a restored database has the same versions).
+-- The body of _inbox_<key>_processed_named (only for a managed inbox): $1 as above, $2 the
+-- event id. NULL for what the full path refuses (it raises the error) and for an ordered
+-- inbox. The lease ends in the UPDATE's statement: a lease committed while the UPDATE waited
+-- for the row is not seen, and holds nothing until it expires (a processed message is never
+-- claimed, counted in flight or replayed with its lease; the full path re-reads only for an
+-- ordered inbox, part 33, marks).
+CREATE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_table text := mailbox._inbox_table_sql(p_inbox);
+BEGIN
+    IF NOT p_inbox.is_managed THEN
+        RAISE EXCEPTION 'inbox % is not managed: it has no named mark', p_inbox.inbox_name
+            USING ERRCODE = 'XX000';
+    END IF;
+    IF p_inbox.ordering_first_sequence IS NOT NULL THEN
+        RETURN pg_catalog.format($b$
+    RETURN NULL; -- ordered: inbox_mark_processed's full path records the aggregate's position
+    -- version %s$b$, pg_catalog.quote_literal(COALESCE(p_version, '')));
+    END IF;
+    RETURN pg_catalog.format($b$
+    IF pg_catalog.to_regclass(%1$L) IS DISTINCT FROM %2$s::pg_catalog.regclass OR $2 IS NULL THEN
+        RETURN NULL; -- inbox_mark_processed's full path raises the error
+    END IF;
+    WITH done AS (
+        UPDATE %3$s AS t SET %4$I = pg_catalog.clock_timestamp() WHERE t.%5$I = $2 AND t.%4$I IS NULL
+        RETURNING t.%5$I
+    ), ended AS (
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %6$s AND l.event_id OPERATOR(pg_catalog.=) $2
+           AND EXISTS (SELECT 1 FROM done)
+    )
+    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%9$s
+    RETURN v_done;$b$,
+        v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END, v_table,
+        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id',
+        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_check(p_inbox, p_version));
+END
+$$;
+
+-- What a named receive and mark were generated from: the inbox's key and a digest of their
+-- bodies (built without version and table oid, so a restored database has the same versions).
 CREATE FUNCTION mailbox._inbox_named_version(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL));
+    SELECT p_inbox.inbox_key || '/' || pg_catalog.md5(mailbox._inbox_build_receive_named(p_inbox, NULL)
+                                                      || mailbox._inbox_build_processed_named(p_inbox, NULL));
 $$;
 
--- Whether an inbox's named receive exists, is the extension owner's, and was generated from
--- its catalog row as it is now and for its table as it is now (the oid: a restored database's
+-- Whether an inbox's named receive and mark exist, are the extension owner's, and were
+-- generated from its catalog row as it is now and for its table as it is now (the oid: a restored database's
 -- functions name the dumped one until maintenance regenerates them, part 43).
 CREATE FUNCTION mailbox._inbox_named_current(p_inbox mailbox._inbox)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
-                    WHERE p.pronamespace = 'mailbox'::regnamespace
-                      AND p.proname = '_inbox_' || p_inbox.inbox_key || '_receive_named'
-                      AND p.proowner = mailbox._extension_owner()
-                      AND pg_catalog.strpos(p.prosrc, pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox))) > 0
-                      AND pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
+    SELECT pg_catalog.count(*) = 2
+      FROM pg_catalog.pg_proc AS p, (SELECT pg_catalog.quote_literal(mailbox._inbox_named_version(p_inbox)) AS v) AS n
+     WHERE p.pronamespace = 'mailbox'::regnamespace
+       AND p.proname IN ('_inbox_' || p_inbox.inbox_key || '_receive_named',
+                         '_inbox_' || p_inbox.inbox_key || '_processed_named')
+       AND p.proowner = mailbox._extension_owner()
+       AND pg_catalog.strpos(p.prosrc, n.v) > 0
+       AND (p.proname LIKE '%\_processed\_named' AND p_inbox.ordering_first_sequence IS NOT NULL
+            OR pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
 $$;
 
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
 -- routers split on it): managed, without grants, with a named receive that the extension
 -- owner owns and that was generated from the catalog row as it is now.
 CREATE FUNCTION mailbox._inbox_named_arms()
-RETURNS TABLE (inbox_name text, inbox_key int, version text)
+RETURNS TABLE (inbox_name text, inbox_key int, version text, ordered boolean)
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i)
+    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i), i.ordering_first_sequence IS NOT NULL
       FROM mailbox._inbox AS i
      WHERE i.is_managed AND NOT i.has_grants
        AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
@@ -180,9 +246,10 @@ BEGIN
 END
 $$;
 
--- The bodies of the two named routers for the inboxes that have an arm now:
--- receive_named(name, event_id, ...) calls the inbox's named receive; named_version(name) is
--- what that function was generated from.
+-- The bodies of the three named routers for the inboxes that have an arm now:
+-- receive_named(name, event_id, ...) calls the inbox's named receive, processed_named(name,
+-- event_id) its named mark (not ordered inboxes'); named_version(name) is what those functions
+-- were generated from.
 CREATE FUNCTION mailbox._inbox_route_named_sql(p_kind text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -197,14 +264,17 @@ BEGIN
            pg_catalog.array_agg(a.inbox_key::text ORDER BY a.inbox_name COLLATE "C"),
            pg_catalog.array_agg(pg_catalog.quote_literal(a.version) || '::pg_catalog.text' ORDER BY a.inbox_name COLLATE "C")
       INTO v_names, v_keys, v_versions
-      FROM mailbox._inbox_named_arms() AS a;
+      FROM mailbox._inbox_named_arms() AS a
+     WHERE p_kind <> 'processed_named' OR NOT a.ordered; -- (an ordered inbox's mark: the full path)
     IF v_names IS NULL THEN
-        RETURN CASE p_kind WHEN 'receive_named' THEN 'SELECT NULL::pg_catalog.bool' ELSE 'SELECT NULL::pg_catalog.text' END;
+        RETURN CASE WHEN p_kind = 'named_version' THEN 'SELECT NULL::pg_catalog.text' ELSE 'SELECT NULL::pg_catalog.bool' END;
     END IF;
     RETURN 'SELECT ' || CASE p_kind
         WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
             'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
             'NULL::pg_catalog.bool')
+        WHEN 'processed_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
+            'mailbox._inbox_%s_processed_named(NULL::mailbox._inbox, $2)', 'NULL::pg_catalog.bool')
         ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
 END
 $$;
@@ -227,6 +297,12 @@ BEGIN
                                   ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
+    v_sql := mailbox._inbox_route_named_sql('processed_named');
+    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
+                                  ' RETURNS boolean LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
+        v_built := v_built + 1;
+    END IF;
     v_sql := mailbox._inbox_route_named_sql('named_version');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
@@ -244,12 +320,17 @@ RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT NULL::pg_catalog.bool$$;
 
+CREATE FUNCTION mailbox._inbox_route_processed_named(text, text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT NULL::pg_catalog.bool$$;
+
 CREATE FUNCTION mailbox._inbox_route_named_version(text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
 AS $$SELECT NULL::pg_catalog.text$$;
 
--- Every router (the key routers of part 35, routes, and the two above) with the body it has
+-- Every router (the key routers of part 35, routes, and the three above) with the body it has
 -- and the body the catalog asks for now: maintenance rebuilds them when one differs.
 CREATE FUNCTION mailbox._inbox_route_states()
 RETURNS TABLE (kind text, body text, wanted text)
@@ -260,5 +341,5 @@ AS $$
       FROM mailbox._inbox_route_kinds() AS k
     UNION ALL
     SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
-      FROM (VALUES ('receive_named'), ('named_version')) AS n (kind);
+      FROM (VALUES ('receive_named'), ('processed_named'), ('named_version')) AS n (kind);
 $$;

@@ -152,6 +152,25 @@ BEGIN
     RETURN v_result;
 END$function$
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_done pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_named of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    RETURN NULL; -- ordered: inbox_mark_processed's full path records the aggregate's position
+    -- version '<version>'
+END$function$
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_query(mailbox._inbox, text, bigint[], text[])
  RETURNS jsonb
  LANGUAGE plpgsql

@@ -47,6 +47,7 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
             "failed",
             "processed",
             "processed_batch",
+            "processed_named",  # a managed inbox's only (part 35, named receive)
             "query",
             "receive",
             "receive_batch",
@@ -220,6 +221,13 @@ def test_generated_code_of_a_managed_ordered_inbox_is_the_expected_one(db):
     db.execute("SELECT mailbox.create_inbox('gen')")
     db.execute("SELECT mailbox.enable_inbox_ordering('gen')")
     check_expected("inbox_generated_managed.sql", generated_text(db, "gen"))
+
+
+def test_generated_code_of_a_managed_unordered_inbox_is_the_expected_one(db):
+    """The common case: no ordering, so the named mark marks (an ordered inbox's only hands
+    the call to the full path) and the claim is the plain SKIP LOCKED scan."""
+    db.execute("SELECT mailbox.create_inbox('gen')")
+    check_expected("inbox_generated_managed_unordered.sql", generated_text(db, "gen"))
 
 
 def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):

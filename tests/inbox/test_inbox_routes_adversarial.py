@@ -73,8 +73,8 @@ class Paths:
     def __init__(self, conn, keys, kind):
         self.conn, self.kind = conn, kind
         self.fns = [f"mailbox._inbox_{k}_{kind}" for k in keys]
-        if kind == "receive":  # a managed inbox's single receive (part 35, named receive)
-            self.fns += [f"mailbox._inbox_{k}_receive_named" for k in keys]
+        if kind in ("receive", "processed"):  # a managed inbox's single receive and mark
+            self.fns += [f"mailbox._inbox_{k}_{kind}_named" for k in keys]  # (part 35, named)
         self.before = self._now()
 
     def _now(self):
@@ -535,6 +535,7 @@ def script_routers(conn):
             "boolean",
             "SELECT NULL::pg_catalog.bool",
         ),
+        ("processed_named", "text, text", "boolean", "SELECT NULL::pg_catalog.bool"),
         ("named_version", "text", "text", "SELECT NULL::pg_catalog.text"),
     ):
         assert f"AS $${body}$$;" in named, kind
@@ -652,7 +653,7 @@ def test_a_claim_in_a_transaction_older_than_enable_priority_takes_priority_firs
     assert got == ["high"]
 
 
-def test_a_mark_in_a_transaction_older_than_disable_ordering_is_refused_not_misapplied(db, connect):
+def test_a_mark_in_a_transaction_older_than_disable_ordering_is_never_misapplied(db, connect):
     worker = stale_worker(db, connect)
     worker.rollback()
     db.execute("SELECT mailbox.enable_inbox_ordering('x')")
@@ -668,10 +669,83 @@ def test_a_mark_in_a_transaction_older_than_disable_ordering_is_refused_not_misa
     receive(worker, "y", "busy")
     assert claimed(worker, "y") == ["busy"]
     db.execute("SELECT mailbox.disable_inbox_ordering('x')")
-    stale_call(worker, lambda: mark(worker, "x", "p2"))
-    assert mark(worker, "x", "p2") is True  # the retry runs the unordered functions
+    # The disable sends so many invalidations that the server may make this idle session
+    # catch up on them (a sinval catch-up interrupt) before its next statement, which then
+    # runs the new, unordered code. Otherwise the old ordered code it still has refuses
+    # (40001). Which one happens is the server's timing: the refusal is proven where the call
+    # is in flight when the change commits (test_inbox_races.py,
+    # test_a_mark_that_waited_for_enable_ordering_is_refused_and_its_retry_records_the_position).
+    try:
+        assert mark(worker, "x", "p2") is True  # caught up: the new functions
+    except psycopg.errors.SerializationFailure as exc:
+        assert "changed its ordering or priority" in str(exc), exc
+        worker.rollback()
+        assert mark(worker, "x", "p2") is True  # the retry runs the unordered functions
     worker.commit()
     assert scalar(db, "SELECT processed_at IS NOT NULL FROM mailbox.x WHERE event_id = 'p2'")
+
+
+def test_a_named_mark_in_a_transaction_older_than_enable_ordering_is_refused_not_misapplied(
+    db, connect
+):
+    """x is unordered, so the worker's single mark of it is the named mark, which records no
+    aggregate position. Enabling ordering commits while the worker's transaction (which holds
+    no lock of x) is open: after its UPDATE, whose lock makes it read the catalog, the named
+    mark finds its version stale and refuses (40001), marking nothing; the retry takes the
+    ordered full path, which records the position, so B's next message is claimable."""
+    worker = stale_worker(db, connect)
+    receive(db, "x", "b1", aggregate_id="B", sequence_num=1)
+    receive(db, "x", "b2", aggregate_id="B", sequence_num=2)
+    k = key(db, "x")
+    assert f"_inbox_{k}_processed_named" in router_src(db, "processed_named")
+    db.execute("SELECT mailbox.enable_inbox_ordering('x')")
+    assert f"_inbox_{k}_processed_named" not in router_src(db, "processed_named")
+    stale_call(worker, lambda: mark(worker, "x", "b1"), "changed while this transaction was open")
+    assert scalar(db, "SELECT processed_at FROM mailbox.x WHERE event_id = 'b1'") is None
+    assert mark(worker, "x", "b1") is True  # the retry: the full path of the ordered inbox
+    worker.commit()
+    position = (
+        "SELECT last_seq FROM mailbox._inbox_aggregate WHERE inbox_key = %s AND aggregate_id = 'B'"
+    )
+    assert scalar(db, position, [k]) == 1
+    assert claimed(db, "x") == ["b2"]  # B's head, after the recorded position
+
+
+def test_the_named_mark_ends_a_lease_committed_by_another_worker(db, connect):
+    """A message claimed in one transaction (its lease row written at commit) and marked in
+    another: the named mark ends the lease in its UPDATE's statement. A mark that waited for
+    the claimer's row lock cannot see a lease row that the claimer's commit inserted (it is
+    newer than the mark's snapshot); that row holds nothing, as a processed message is never
+    claimed again, and maintenance removes it once it expires."""
+    db.execute("SELECT mailbox.create_inbox('l')")
+    k = key(db, "l")
+    for event_id in ("l1", "l2"):
+        receive(db, "l", event_id)
+    claimer, marker = connect(autocommit=False), connect(autocommit=False)
+    marker.execute("SET track_functions = 'all'")
+    assert claimed(claimer, "l", batch=1) == ["l1"]
+    claimer.commit()
+    leases = "SELECT event_id FROM mailbox._inbox_lease WHERE inbox_key = %s ORDER BY 1"
+    assert rows(db, leases, [k]) == [("l1",)]
+    assert mark(marker, "l", "l1") is True
+    assert calls(marker, f"mailbox._inbox_{k}_processed_named") == 1
+    assert calls(marker, f"mailbox._inbox_{k}_processed") == 0  # not the full path
+    assert mark(marker, "l", "l1") is False  # already processed
+    marker.commit()
+    assert rows(db, leases, [k]) == []
+    # l2's claim is open while the marker waits for its row lock
+    assert claimed(claimer, "l") == ["l2"]
+    done = []
+    t = threading.Thread(target=lambda: done.append(mark(marker, "l", "l2")))
+    t.start()
+    wait_blocked(db, marker)
+    claimer.commit()  # its settle inserts l2's lease row
+    t.join(10)
+    marker.commit()
+    assert done == [True]
+    assert scalar(db, "SELECT processed_at IS NOT NULL FROM mailbox.l WHERE event_id = 'l2'")
+    assert claimed(db, "l") == []  # never claimed again
+    assert scalar(db, "SELECT pending_count FROM mailbox.inbox_status('l')") == 0
 
 
 def test_a_receive_in_a_transaction_older_than_an_ordering_column_change_is_refused(db, connect):

@@ -283,3 +283,42 @@ def test_a_receive_from_before_a_first_grant_is_refused_not_stored(db, connect, 
         )
     finally:
         drop_role(db, name)
+
+
+def test_a_mark_from_before_a_first_grant_is_refused_not_applied(db, connect, role):
+    """The single mark of an unordered managed inbox without grants is the named mark, which
+    looks nothing up. A transaction that had not written the inbox when its first grant
+    committed still runs its old routers: the named mark finds them stale after its UPDATE
+    and refuses with 40001, marking nothing; the retry takes the full path, which checks the
+    grant (42501 for a role without 'process')."""
+    name = make_role(db, "mailbox_consumer")
+    try:
+        db.execute("SELECT mailbox.create_inbox('orders_in')")
+        db.execute("SELECT mailbox.create_inbox('other_in')")
+        for inbox, event_id in (("orders_in", "warm"), ("orders_in", "late"), ("other_in", "o1")):
+            db.execute("SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id])
+        conn = producer(connect, name)
+        mark = "SELECT mailbox.inbox_mark_processed(%s, %s)"
+        assert scalar(conn, mark, ["orders_in", "warm"]) is True  # plans with the arms inlined
+        conn.commit()
+        assert scalar(conn, mark, ["other_in", "o1"]) is True  # no lock of orders_in
+        db.execute("SELECT mailbox.grant_inbox('orders_in', %s, 'process')", [role])
+        with raises("40001") as info:
+            scalar(conn, mark, ["orders_in", "late"])
+        assert "changed while this transaction was open" in str(info.value)
+        conn.rollback()
+        with raises("42501"):
+            scalar(conn, mark, ["orders_in", "late"])
+        conn.rollback()
+        assert rows(db, "SELECT event_id FROM mailbox.orders_in WHERE processed_at IS NULL") == [
+            ("late",)
+        ]
+        # the last revoke gives the named mark back
+        db.execute("SELECT mailbox.revoke_inbox('orders_in', %s, 'process')", [role])
+        assert scalar(conn, mark, ["orders_in", "late"]) is True
+        conn.commit()
+        assert "'orders_in'" in scalar(
+            db, "SELECT prosrc FROM pg_proc WHERE proname = '_inbox_route_processed_named'"
+        )
+    finally:
+        drop_role(db, name)

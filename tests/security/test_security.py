@@ -79,6 +79,7 @@ def test_every_function_has_a_pinned_search_path(db):
         "mailbox._inbox_route_named_version(text)",
         "mailbox._inbox_route_processed(mailbox._inbox,text)",
         "mailbox._inbox_route_processed_batch(mailbox._inbox,text[])",
+        "mailbox._inbox_route_processed_named(text,text)",
         "mailbox._inbox_route_receive(mailbox._inbox,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._inbox_route_receive_batch(mailbox._inbox,jsonb)",
         "mailbox._inbox_route_receive_named(text,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
@@ -127,9 +128,10 @@ def test_the_named_routers_name_nothing_a_search_path_could_redirect(db):
         r"SELECT|CASE|WHEN|THEN|ELSE|END|\$1|OPERATOR\(pg_catalog\.[=<]\)"
         r"|'(?:[^']|'')*'::pg_catalog\.text|COLLATE pg_catalog\.\"C\"|\d+"
         r"|NULL::pg_catalog\.(?:bool|text)"
-        r"|mailbox\._inbox_\d+_receive_named\(NULL::mailbox\._inbox, (?:\$\d+, )*\$\d+\)|\s+"
+        r"|mailbox\._inbox_\d+_(?:receive|processed)_named"
+        r"\(NULL::mailbox\._inbox, (?:\$\d+, )*\$\d+\)|\s+"
     )
-    for kind in ("receive_named", "named_version"):
+    for kind in ("receive_named", "processed_named", "named_version"):
         fn = f"mailbox._inbox_route_{kind}"
         body = scalar(db, "SELECT prosrc FROM pg_proc WHERE proname = %s", [fn.split(".")[1]])
         assert "OPERATOR(pg_catalog.<)" in body and "'nr9'" in body, body
@@ -138,6 +140,8 @@ def test_the_named_routers_name_nothing_a_search_path_could_redirect(db):
         config = scalar(db, "SELECT proconfig FROM pg_proc WHERE proname = %s", [fn.split(".")[1]])
         assert config is None
     assert scalar(db, "SELECT mailbox.inbox_receive('nr9', 'm', '{}')") is True
+    assert scalar(db, "SELECT mailbox.inbox_mark_processed('nr9', 'm')") is True
+    assert scalar(db, "SELECT mailbox._inbox_route_processed_named('granted', 'm')") is None
     assert (
         scalar(
             db,

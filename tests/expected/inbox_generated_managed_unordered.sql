@@ -1,0 +1,394 @@
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, timestamp with time zone, boolean)
+ RETURNS mailbox._inbox_message[]
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'claim of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR (($1).priority_tiers IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    RETURN ARRAY(
+        SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
+                   CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
+                   CAST(t.retry_count AS int), CAST(t.received_at AS timestamptz))::mailbox._inbox_message
+          FROM (SELECT t.* FROM mailbox.gen AS t
+                 WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
+                                    WHERE l.event_id = t.event_id::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
+                 ORDER BY t.received_at
+                 LIMIT $2
+                   FOR UPDATE OF t SKIP LOCKED) AS t);
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_failed(mailbox._inbox, text, text)
+ RETURNS mailbox._inbox_attempt
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_id pg_catalog.text;
+    v_retries pg_catalog.int4;
+    v_processed pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'failed of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
+     WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+    RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
+    END IF;
+    SELECT t.processed_at IS NOT NULL INTO v_processed FROM mailbox.gen AS t WHERE t.event_id = $2;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed(mailbox._inbox, text)
+ RETURNS mailbox._inbox_done
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_id pg_catalog.text;
+    v_aggregate pg_catalog.text;
+    v_seq pg_catalog.int8;
+    v_ordered pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
+    RETURNING t.event_id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8, (SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = 1) IS NOT NULL INTO v_id, v_aggregate, v_seq, v_ordered;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_batch(mailbox._inbox, text[])
+ RETURNS mailbox._inbox_done[]
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result mailbox._inbox_done[];
+    v_ordered pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_batch of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+        WITH d AS (
+            UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
+             WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL
+            RETURNING ROW(t.event_id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8)::mailbox._inbox_done AS r
+        )
+        SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or((SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = 1) IS NOT NULL) INTO v_result, v_ordered FROM d;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_done pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_named of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass OR $2 IS NULL THEN
+        RETURN NULL; -- inbox_mark_processed's full path raises the error
+    END IF;
+    WITH done AS (
+        UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
+        RETURNING t.event_id
+    ), ended AS (
+        DELETE FROM mailbox._inbox_lease AS l
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) 1 AND l.event_id OPERATOR(pg_catalog.=) $2
+           AND EXISTS (SELECT 1 FROM done)
+    )
+    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;
+    IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
+        RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;
+    RETURN v_done;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_query(mailbox._inbox, text, bigint[], text[])
+ RETURNS jsonb
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.jsonb;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'query of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    EXECUTE $2 INTO v_result USING $1, $3, $4;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    IF $10 NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name, $10
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;
+    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING;
+    RETURN FOUND;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_batch(mailbox._inbox, jsonb)
+ RETURNS boolean[]
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_bad pg_catalog.bool[];
+    v_result pg_catalog.bool[];
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive_batch of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+        WITH m AS (
+            SELECT m.*, pg_catalog.row_number() OVER (PARTITION BY m.p_event_id ORDER BY m.n) AS k
+              FROM ROWS FROM (pg_catalog.jsonb_to_recordset($2) AS (p_event_id pg_catalog.text, p_payload pg_catalog.jsonb, p_event_type pg_catalog.text, p_source pg_catalog.text, p_aggregate_id pg_catalog.text, p_sequence_num pg_catalog.int8, p_headers pg_catalog.jsonb, p_trace_id pg_catalog.text, p_priority pg_catalog.int4)) WITH ORDINALITY AS m (p_event_id, p_payload, p_event_type, p_source, p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority, n)
+        ), ins AS (
+            INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count)
+            SELECT m.p_event_id, m.p_payload, m.p_event_type, m.p_source, m.p_aggregate_id, m.p_sequence_num, m.p_headers, m.p_trace_id, CASE WHEN m.p_priority BETWEEN -32768 AND 32767 THEN m.p_priority END, pg_catalog.now(), 0 FROM m WHERE m.k OPERATOR(pg_catalog.=) 1 ORDER BY m.n
+                ON CONFLICT (event_id) DO NOTHING
+            RETURNING t.event_id AS id
+        )
+        SELECT pg_catalog.array_agg(m.k OPERATOR(pg_catalog.=) 1 AND ins.id IS NOT NULL ORDER BY m.n),
+               ARRAY[pg_catalog.bool_or(m.p_priority NOT BETWEEN -32768 AND 32767), FALSE]
+          INTO v_result, v_bad
+          FROM m LEFT JOIN ins ON ins.id = m.p_event_id;
+    IF v_bad[1] THEN
+        RAISE EXCEPTION 'p_priority out of range for inbox %: %', ($1).inbox_name,
+            (SELECT m.p_priority FROM pg_catalog.jsonb_to_recordset($2) AS m (p_priority pg_catalog.int4)
+              WHERE m.p_priority NOT BETWEEN -32768 AND 32767 LIMIT 1)
+            USING ERRCODE = '22023',
+                  HINT = 'p_priority is -32768 to 32767 (the inbox''s priority column is a smallint); lower values are claimed first.';
+    END IF;
+    RETURN v_result;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_named(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_waited pg_catalog.bool;
+    v_new pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'receive_named of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
+       OR $2 IS NULL
+       OR pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000
+       OR $10 NOT BETWEEN -32768 AND 32767 THEN
+        RETURN NULL; -- inbox_receive's full path raises the error
+    END IF;
+    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING
+        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                           WHERE w.inbox_key OPERATOR(pg_catalog.=) 1
+                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    v_new := FOUND;
+    IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
+        RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'
+            USING ERRCODE = '40001',
+                  DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
+                  HINT = 'Retry the transaction.';
+    END IF;
+    IF v_waited THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
+    END IF;
+    RETURN v_new;
+END$function$
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_unsettled(mailbox._inbox, text[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.text[];
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'unsettled of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+        SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
+          FROM mailbox.gen AS t
+         WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
+    RETURN v_result;
+END$function$
+
+CREATE VIEW mailbox._inbox_1_aggregate AS
+ SELECT a.aggregate_id,
+    a.last_seq
+   FROM mailbox._inbox_aggregate a
+  WHERE (a.inbox_key = 1);
+
+CREATE VIEW mailbox._inbox_1_config AS
+ SELECT i.max_retries,
+    i.ordering_first_sequence
+   FROM mailbox._inbox i
+  WHERE (i.inbox_key = 1);
+
+CREATE VIEW mailbox._inbox_1_lease AS
+ SELECT l.event_id,
+    l.lease_until,
+    l.next_attempt_at,
+    l.aggregate_id
+   FROM mailbox._inbox_lease l
+  WHERE (l.inbox_key = 1);
+
+CREATE VIEW mailbox.dlq_gen AS
+ SELECT t.event_id,
+    t.event_type,
+    t.source,
+    t.aggregate_id,
+    t.sequence_num,
+    t.priority,
+    t.payload,
+    t.headers,
+    t.trace_id,
+    t.received_at,
+    t.processed_at,
+    t.error,
+    t.retry_count
+   FROM mailbox.gen t
+  WHERE ((t.processed_at IS NULL) AND (t.retry_count >= ( SELECT i.max_retries
+           FROM mailbox._inbox_1_config i)));
+
+CREATE VIEW mailbox.pending_gen AS
+ SELECT t.event_id,
+    t.event_type,
+    t.source,
+    t.aggregate_id,
+    t.sequence_num,
+    t.priority,
+    t.payload,
+    t.headers,
+    t.trace_id,
+    t.received_at,
+    t.processed_at,
+    t.error,
+    t.retry_count
+   FROM mailbox.gen t
+  WHERE ((t.processed_at IS NULL) AND (t.retry_count < ( SELECT i.max_retries
+           FROM mailbox._inbox_1_config i)));
+
+CREATE VIEW mailbox.stats_gen AS
+ SELECT t.event_type,
+    count(*) FILTER (WHERE ((t.processed_at IS NULL) AND (t.retry_count < cfg.max_retries))) AS pending_count,
+    count(*) FILTER (WHERE (t.processed_at IS NOT NULL)) AS processed_count,
+    count(*) FILTER (WHERE ((t.processed_at IS NULL) AND (t.retry_count >= cfg.max_retries))) AS dead_letter_count,
+    avg(date_part('epoch'::text, (t.processed_at - t.received_at))) FILTER (WHERE (t.processed_at IS NOT NULL)) AS avg_processing_seconds
+   FROM (mailbox.gen t
+     CROSS JOIN mailbox._inbox_1_config cfg)
+  GROUP BY t.event_type;
