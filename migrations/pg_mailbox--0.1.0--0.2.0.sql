@@ -4476,15 +4476,20 @@ END
 $$;
 
 -- The same check for the control plane: raises 55000 (above) unless the stored name still
--- names the inbox's table.
+-- names the inbox's table. Every such check (the data plane's lookups too) first opens the
+-- table by oid: pg_relation_is_updatable takes (and releases) an ACCESS SHARE lock, which
+-- makes a session whose transaction began before a rename, drop or swap of the table read
+-- those catalog changes, so to_regclass answers for the catalog as it is now (a review found
+-- a warm session's stale answer: its statement then ran on the table put in its place). A
+-- dropped table has 0 updatable events.
 CREATE OR REPLACE FUNCTION mailbox._inbox_check_table(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    IF pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox))
-       IS DISTINCT FROM p_inbox.table_rel THEN
+    IF pg_catalog.pg_relation_is_updatable(p_inbox.table_rel, FALSE) = 0
+       OR pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox)) IS DISTINCT FROM p_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(p_inbox);
     END IF;
 END
@@ -5182,8 +5187,9 @@ BEGIN
     -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            i.casts ? 'event_id' -- (a uuid or integer id: its lease has the canonical text)
              OR EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
                          WHERE l.inbox_key = i.inbox_key AND l.event_id = p_event_id) AS leased
@@ -5248,8 +5254,9 @@ BEGIN
     -- one statement, as in inbox_receive
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved
       INTO v_found
       FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN
@@ -5330,8 +5337,9 @@ BEGIN
     -- whether a worker waits for a wake-up (_inbox_has_waiter)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                     WHERE w.inbox_key = i.inbox_key AND w.waiting_until > pg_catalog.now()) AS waited
       INTO v_found
@@ -5425,8 +5433,9 @@ BEGIN
     -- this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
@@ -7316,6 +7325,25 @@ BEGIN
 END
 $$;
 
+-- The first test of a named function: whether its table is no longer the one it was made
+-- for. It opens that table by oid first (pg_relation_is_updatable takes and releases an
+-- ACCESS SHARE lock), which makes the session read the catalog changes committed before,
+-- so that to_regclass sees a rename, a drop or a table put in its place, even in a
+-- transaction that began before them (a review found the stale answer: the statement then
+-- ran on whatever table had the name). A dropped table is 0 updatable events. (p_version
+-- NULL: the text _inbox_named_version digests, without the table's oid, which a restore
+-- changes.)
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_named_table_check(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('pg_catalog.pg_relation_is_updatable(%1$s::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0'
+                             || pg_catalog.chr(10) || '       OR pg_catalog.to_regclass(%2$L) IS DISTINCT FROM %1$s::pg_catalog.regclass',
+                             CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END,
+                             mailbox._inbox_table_sql(p_inbox));
+$$;
+
 -- The check a named function makes after its statement, whose new table lock made the
 -- session read the catalog changes committed before it: 40001 unless the name still routes
 -- to a function of p_version (nothing the statement did stays).
@@ -7345,11 +7373,8 @@ DECLARE
     v_parts record; -- _inbox_receive_parts, shared with the receive (part 35, builders)
     v_table text := mailbox._inbox_table_sql(p_inbox);
     -- what the full path refuses, in the full path's order (it raises the error)
-    -- (p_version NULL: the text _inbox_named_version digests, without the table's oid, which
-    -- a restore changes)
     v_refuse text[] := ARRAY[
-        pg_catalog.format('pg_catalog.to_regclass(%L) IS DISTINCT FROM %s::pg_catalog.regclass',
-                          v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END),
+        mailbox._inbox_build_named_table_check(p_inbox, p_version),
         '$2 IS NULL', 'pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000'];
     n int;
 BEGIN
@@ -7412,22 +7437,22 @@ BEGIN
     -- version %s$b$, pg_catalog.quote_literal(COALESCE(p_version, '')));
     END IF;
     RETURN pg_catalog.format($b$
-    IF pg_catalog.to_regclass(%1$L) IS DISTINCT FROM %2$s::pg_catalog.regclass OR $2 IS NULL THEN
+    IF %1$s
+       OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     WITH done AS (
-        UPDATE %3$s AS t SET %4$I = pg_catalog.clock_timestamp() WHERE t.%5$I = $2 AND t.%4$I IS NULL
-        RETURNING t.%5$I
+        UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL
+        RETURNING t.%4$I
     ), ended AS (
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %6$s AND l.event_id OPERATOR(pg_catalog.=) $2
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2
            AND EXISTS (SELECT 1 FROM done)
     )
-    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%9$s
+    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%6$s
     RETURN v_done;$b$,
-        v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END, v_table,
-        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id',
-        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
+        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
         mailbox._inbox_build_named_check(p_inbox, p_version));
 END
 $$;
@@ -7724,6 +7749,15 @@ DECLARE
     v_sql text;
     v_built int := 0;
 BEGIN
+    -- REPEATABLE READ or SERIALIZABLE: the routers would be built from this transaction's
+    -- snapshot, which can predate an inbox change committed before this transaction got the
+    -- DDL lock (a review found a first grant lost that way: the rebuilt named router kept the
+    -- arm that skips the grant check). Locking the catalog rows fails with 40001 on any row
+    -- changed or dropped since the snapshot. An inbox made since has no arm until the next
+    -- rebuild; its calls take the full path meanwhile.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM FROM mailbox._inbox FOR SHARE;
+    END IF;
     FOR r IN SELECT * FROM mailbox._inbox_route_kinds() LOOP
         v_sql := mailbox._inbox_route_sql(r.kind, r.nargs);
         IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(r.kind) THEN
@@ -7952,8 +7986,9 @@ BEGIN
     IF v_inbox.has_grants THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, p_privilege);
     END IF;
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF pg_catalog.pg_relation_is_updatable(v_inbox.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+       OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+          IS DISTINCT FROM v_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     RETURN v_inbox;

@@ -95,15 +95,20 @@ END
 $$;
 
 -- The same check for the control plane: raises 55000 (above) unless the stored name still
--- names the inbox's table.
+-- names the inbox's table. Every such check (the data plane's lookups too) first opens the
+-- table by oid: pg_relation_is_updatable takes (and releases) an ACCESS SHARE lock, which
+-- makes a session whose transaction began before a rename, drop or swap of the table read
+-- those catalog changes, so to_regclass answers for the catalog as it is now (a review found
+-- a warm session's stale answer: its statement then ran on the table put in its place). A
+-- dropped table has 0 updatable events.
 CREATE FUNCTION mailbox._inbox_check_table(p_inbox mailbox._inbox)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
-    IF pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox))
-       IS DISTINCT FROM p_inbox.table_rel THEN
+    IF pg_catalog.pg_relation_is_updatable(p_inbox.table_rel, FALSE) = 0
+       OR pg_catalog.to_regclass(mailbox._inbox_table_sql(p_inbox)) IS DISTINCT FROM p_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(p_inbox);
     END IF;
 END

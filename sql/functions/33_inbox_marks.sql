@@ -28,8 +28,9 @@ BEGIN
     -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            i.casts ? 'event_id' -- (a uuid or integer id: its lease has the canonical text)
              OR EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
                          WHERE l.inbox_key = i.inbox_key AND l.event_id = p_event_id) AS leased
@@ -94,8 +95,9 @@ BEGIN
     -- one statement, as in inbox_receive
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved
       INTO v_found
       FROM mailbox._inbox AS i WHERE i.inbox_name = p_inbox;
     IF NOT FOUND THEN

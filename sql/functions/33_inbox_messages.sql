@@ -49,8 +49,9 @@ BEGIN
     -- whether a worker waits for a wake-up (_inbox_has_waiter)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                     WHERE w.inbox_key = i.inbox_key AND w.waiting_until > pg_catalog.now()) AS waited
       INTO v_found
@@ -144,8 +145,9 @@ BEGIN
     -- this connection waits for a wake-up (part 33, wake-ups)
     SELECT i AS inbox,
            i.has_grants AS granted,
-           pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
-             IS DISTINCT FROM i.table_rel AS moved,
+           pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+             OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
+                IS DISTINCT FROM i.table_rel AS moved,
            EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w

@@ -59,6 +59,25 @@ BEGIN
 END
 $$;
 
+-- The first test of a named function: whether its table is no longer the one it was made
+-- for. It opens that table by oid first (pg_relation_is_updatable takes and releases an
+-- ACCESS SHARE lock), which makes the session read the catalog changes committed before,
+-- so that to_regclass sees a rename, a drop or a table put in its place, even in a
+-- transaction that began before them (a review found the stale answer: the statement then
+-- ran on whatever table had the name). A dropped table is 0 updatable events. (p_version
+-- NULL: the text _inbox_named_version digests, without the table's oid, which a restore
+-- changes.)
+CREATE FUNCTION mailbox._inbox_build_named_table_check(p_inbox mailbox._inbox, p_version text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('pg_catalog.pg_relation_is_updatable(%1$s::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0'
+                             || pg_catalog.chr(10) || '       OR pg_catalog.to_regclass(%2$L) IS DISTINCT FROM %1$s::pg_catalog.regclass',
+                             CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END,
+                             mailbox._inbox_table_sql(p_inbox));
+$$;
+
 -- The check a named function makes after its statement, whose new table lock made the
 -- session read the catalog changes committed before it: 40001 unless the name still routes
 -- to a function of p_version (nothing the statement did stays).
@@ -88,11 +107,8 @@ DECLARE
     v_parts record; -- _inbox_receive_parts, shared with the receive (part 35, builders)
     v_table text := mailbox._inbox_table_sql(p_inbox);
     -- what the full path refuses, in the full path's order (it raises the error)
-    -- (p_version NULL: the text _inbox_named_version digests, without the table's oid, which
-    -- a restore changes)
     v_refuse text[] := ARRAY[
-        pg_catalog.format('pg_catalog.to_regclass(%L) IS DISTINCT FROM %s::pg_catalog.regclass',
-                          v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END),
+        mailbox._inbox_build_named_table_check(p_inbox, p_version),
         '$2 IS NULL', 'pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000'];
     n int;
 BEGIN
@@ -155,22 +171,22 @@ BEGIN
     -- version %s$b$, pg_catalog.quote_literal(COALESCE(p_version, '')));
     END IF;
     RETURN pg_catalog.format($b$
-    IF pg_catalog.to_regclass(%1$L) IS DISTINCT FROM %2$s::pg_catalog.regclass OR $2 IS NULL THEN
+    IF %1$s
+       OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     WITH done AS (
-        UPDATE %3$s AS t SET %4$I = pg_catalog.clock_timestamp() WHERE t.%5$I = $2 AND t.%4$I IS NULL
-        RETURNING t.%5$I
+        UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL
+        RETURNING t.%4$I
     ), ended AS (
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %6$s AND l.event_id OPERATOR(pg_catalog.=) $2
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2
            AND EXISTS (SELECT 1 FROM done)
     )
-    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%9$s
+    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%6$s
     RETURN v_done;$b$,
-        v_table, CASE WHEN p_version IS NULL THEN 0 ELSE p_inbox.table_rel::oid END, v_table,
-        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id',
-        p_inbox.inbox_key, p_inbox.inbox_name, COALESCE(p_version, ''),
+        mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
+        p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
         mailbox._inbox_build_named_check(p_inbox, p_version));
 END
 $$;

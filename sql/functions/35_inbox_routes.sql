@@ -120,6 +120,15 @@ DECLARE
     v_sql text;
     v_built int := 0;
 BEGIN
+    -- REPEATABLE READ or SERIALIZABLE: the routers would be built from this transaction's
+    -- snapshot, which can predate an inbox change committed before this transaction got the
+    -- DDL lock (a review found a first grant lost that way: the rebuilt named router kept the
+    -- arm that skips the grant check). Locking the catalog rows fails with 40001 on any row
+    -- changed or dropped since the snapshot. An inbox made since has no arm until the next
+    -- rebuild; its calls take the full path meanwhile.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM FROM mailbox._inbox FOR SHARE;
+    END IF;
     FOR r IN SELECT * FROM mailbox._inbox_route_kinds() LOOP
         v_sql := mailbox._inbox_route_sql(r.kind, r.nargs);
         IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(r.kind) THEN

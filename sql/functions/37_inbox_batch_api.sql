@@ -18,8 +18,9 @@ BEGIN
     IF v_inbox.has_grants THEN
         PERFORM mailbox._authorize('inbox', v_inbox.inbox_key, p_privilege);
     END IF;
-    IF pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
-       IS DISTINCT FROM v_inbox.table_rel THEN
+    IF pg_catalog.pg_relation_is_updatable(v_inbox.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
+       OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', v_inbox.schema_name, v_inbox.table_name))
+          IS DISTINCT FROM v_inbox.table_rel THEN
         PERFORM mailbox._inbox_table_moved(v_inbox); -- raises 55000
     END IF;
     RETURN v_inbox;

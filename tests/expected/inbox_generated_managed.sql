@@ -292,7 +292,8 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
+    IF pg_catalog.pg_relation_is_updatable(<oid>::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0
+       OR pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
        OR $2 IS NULL
        OR pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000
        OR $6 IS NULL

@@ -151,7 +151,9 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass OR $2 IS NULL THEN
+    IF pg_catalog.pg_relation_is_updatable(<oid>::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0
+       OR pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
+       OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     WITH done AS (
@@ -283,7 +285,8 @@ BEGIN
                                              CURRENT_USER),
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
-    IF pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
+    IF pg_catalog.pg_relation_is_updatable(<oid>::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0
+       OR pg_catalog.to_regclass('mailbox.gen') IS DISTINCT FROM <oid>::pg_catalog.regclass
        OR $2 IS NULL
        OR pg_catalog.octet_length($2) OPERATOR(pg_catalog.>) 1000
        OR $10 NOT BETWEEN -32768 AND 32767 THEN

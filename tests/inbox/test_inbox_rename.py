@@ -70,6 +70,52 @@ def test_every_function_that_would_use_the_stored_name_refuses_loudly(renamed, s
     assert scalar(renamed, "SELECT count(*) FROM app.t") == 1  # the stranger's row only
 
 
+STALE_CALLS = {
+    "mark": ("SELECT mailbox.inbox_mark_processed('s', 'a')", "processed_at IS NOT NULL"),
+    "receive": ("SELECT mailbox.inbox_receive('s', 'new', '{}')", "event_id = 'new'"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(STALE_CALLS))
+@pytest.mark.parametrize("ddl", ["swap", "rename", "drop"])
+def test_a_session_that_began_before_a_table_swap_does_not_write_the_new_table(
+    db, connect, call, ddl
+):
+    """A single receive or mark of a managed inbox goes by name (part 35, named receive) and
+    first checks that its table still has the name. A warm session whose transaction began
+    before the table was renamed, dropped or replaced by another of the same name must not
+    trust its cached answer (found by a review: the mark then wrote the stranger's row): the
+    named function opens its table by oid first, which brings the session's catalog up to
+    date, and hands the call to the full path, which refuses as a fresh session does."""
+    db.execute("SELECT mailbox.create_inbox('s')")
+    worker = connect(autocommit=False)
+    for event_id in ("w1", "w2"):  # plans and caches the named functions
+        assert receive(worker, "s", event_id) is True
+        assert scalar(worker, "SELECT mailbox.inbox_mark_processed('s', %s)", [event_id])
+    worker.commit()
+    assert scalar(worker, "SELECT 1") == 1  # a transaction open before the DDL, no lock of s
+    if ddl == "drop":
+        db.execute("DROP TABLE mailbox.s CASCADE")
+    else:
+        db.execute("ALTER TABLE mailbox.s RENAME TO s_old")
+    if ddl == "swap":
+        db.execute("CREATE TABLE mailbox.s (LIKE mailbox.s_old INCLUDING ALL)")
+        db.execute("INSERT INTO mailbox.s (event_id, payload) VALUES ('a', '{}')")
+    sql, written = STALE_CALLS[call]
+    with raises("55000") as info:
+        worker.execute(sql)
+    worker.rollback()
+    assert ("was dropped" if ddl == "drop" else "was renamed") in str(info.value)
+    if ddl == "swap":
+        assert scalar(db, f"SELECT count(*) FROM mailbox.s WHERE {written}") == 0
+        db.execute("DROP TABLE mailbox.s")
+    if ddl != "drop":
+        db.execute("ALTER TABLE mailbox.s_old RENAME TO s")
+        assert receive(worker, "s", "back") is True
+        worker.commit()
+    db.execute("SELECT mailbox.drop_inbox('s', p_cascade => true)")
+
+
 def test_status_health_and_maintenance_use_the_inbox_s_own_table(renamed):
     db = renamed
     got = rows(

@@ -322,3 +322,51 @@ def test_a_mark_from_before_a_first_grant_is_refused_not_applied(db, connect, ro
         )
     finally:
         drop_role(db, name)
+
+
+def test_inbox_ddl_in_repeatable_read_cannot_rebuild_the_routers_from_before_a_grant(
+    db, connect, role
+):
+    """Found by a review: a create_inbox in REPEATABLE READ that waited for the DDL lock
+    behind a first grant rebuilt every router from its snapshot, which still saw the inbox
+    without grants, and so gave the named mark (and receive) back their arms: consumers
+    without the grant could mark. The rebuild now locks the catalog rows it reads and fails
+    with 40001; its retry sees the grant."""
+    name = make_role(db, "mailbox_consumer")
+    try:
+        db.execute("SELECT mailbox.create_inbox('gen')")
+        db.execute("SELECT mailbox.inbox_receive('gen', 'a', '{}')")
+        granting = connect(autocommit=False)
+        granting.execute("SELECT mailbox.grant_inbox('gen', %s, 'process')", [role])
+        creating = connect(autocommit=False)
+        creating.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        errors = []
+
+        def create():
+            try:
+                creating.execute("SELECT mailbox.create_inbox('other')")
+                creating.commit()
+            except psycopg.Error as exc:  # checked below
+                errors.append(exc)
+                creating.rollback()
+
+        t = threading.Thread(target=create)
+        t.start()
+        wait_blocked(db, creating)
+        granting.commit()
+        t.join(10)
+        assert not t.is_alive()
+        assert [e.sqlstate for e in errors] == ["40001"], errors
+        router = "SELECT prosrc FROM pg_proc WHERE proname = %s"
+        for kind in ("processed_named", "receive_named"):
+            assert "'gen'" not in scalar(db, router, [f"_inbox_route_{kind}"]), kind
+        consumer = connect()
+        consumer.execute(f'SET ROLE "{name}"')
+        with raises("42501"):
+            consumer.execute("SELECT mailbox.inbox_mark_processed('gen', 'a')")
+        creating.execute("SELECT mailbox.create_inbox('other')")  # the retry
+        creating.commit()
+        assert "'gen'" not in scalar(db, router, ["_inbox_route_processed_named"])
+        assert "'other'" in scalar(db, router, ["_inbox_route_processed_named"])
+    finally:
+        drop_role(db, name)
