@@ -7503,31 +7503,6 @@ AS $$
      ORDER BY i.inbox_name COLLATE "C";
 $$;
 
--- The CASE over p_names (sorted) for a named router: up to 8 names one arm each, more split
--- in halves. Arm i is p_call with %s replaced by p_keys[i].
-CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_case(p_names text[], p_keys text[], p_call text, p_else text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_n int := pg_catalog.cardinality(p_names);
-    v_half int := v_n / 2;
-BEGIN
-    IF v_n <= 8 THEN
-        RETURN pg_catalog.format('CASE%s ELSE %s END',
-            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN $1 OPERATOR(pg_catalog.=) %L::pg_catalog.text THEN %s',
-                                                            n, pg_catalog.replace(p_call, '%s', p_keys[o]::text)), '' ORDER BY o)
-               FROM pg_catalog.unnest(p_names) WITH ORDINALITY AS u (n, o)),
-            p_else);
-    END IF;
-    RETURN pg_catalog.format('CASE WHEN $1 OPERATOR(pg_catalog.<) %L::pg_catalog.text COLLATE pg_catalog."C" THEN %s ELSE %s END',
-        p_names[v_half + 1],
-        mailbox._inbox_route_named_case(p_names[1:v_half], p_keys[1:v_half], p_call, p_else),
-        mailbox._inbox_route_named_case(p_names[v_half + 1:], p_keys[v_half + 1:], p_call, p_else));
-END
-$$;
-
 -- The bodies of the three named routers for the inboxes that have an arm now:
 -- receive_named(name, event_id, ...) calls the inbox's named receive, processed_named(name,
 -- event_id) its named mark (not ordered inboxes'); named_version(name) is what those functions
@@ -7551,13 +7526,19 @@ BEGIN
     IF v_names IS NULL THEN
         RETURN CASE WHEN p_kind = 'named_version' THEN 'SELECT NULL::pg_catalog.text' ELSE 'SELECT NULL::pg_catalog.bool' END;
     END IF;
-    RETURN 'SELECT ' || CASE p_kind
-        WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
-            'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
-            'NULL::pg_catalog.bool')
-        WHEN 'processed_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
-            'mailbox._inbox_%s_processed_named(NULL::mailbox._inbox, $2)', 'NULL::pg_catalog.bool')
-        ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
+    -- arms by name, split in the "C" collation the names are sorted in (part 35, routes)
+    RETURN 'SELECT ' || mailbox._inbox_case('$1',
+        ARRAY(SELECT pg_catalog.quote_literal(n) || '::pg_catalog.text' FROM pg_catalog.unnest(v_names) WITH ORDINALITY AS u (n, o) ORDER BY o),
+        CASE p_kind
+            WHEN 'receive_named' THEN ARRAY(
+                SELECT 'mailbox._inbox_' || k || '_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)'
+                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
+            WHEN 'processed_named' THEN ARRAY(
+                SELECT 'mailbox._inbox_' || k || '_processed_named(NULL::mailbox._inbox, $2)'
+                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
+            ELSE v_versions END,
+        CASE WHEN p_kind = 'named_version' THEN 'NULL::pg_catalog.text' ELSE 'NULL::pg_catalog.bool' END,
+        ' COLLATE pg_catalog."C"');
 END
 $$;
 
@@ -7679,26 +7660,32 @@ AS $$
            ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
--- The CASE over p_keys (sorted) for one kind: up to 8 keys one arm each, more split in halves.
-CREATE OR REPLACE FUNCTION mailbox._inbox_route_case(p_kind text, p_params text, p_keys int[])
+-- The CASE of a router (the key routers here, the named ones in part 35, named receive):
+-- arm i is taken when p_subject equals p_values[i] (SQL constants, sorted as p_split_suffix
+-- makes OPERATOR(pg_catalog.<) compare them); anything else is p_else. Up to 8 arms one WHEN
+-- each, more split in halves, so a call tests about log2(n) + 8 of them.
+CREATE OR REPLACE FUNCTION mailbox._inbox_case(
+    p_subject text, p_values text[], p_arms text[], p_else text, p_split_suffix text DEFAULT ''
+)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_n int := pg_catalog.cardinality(p_keys);
+    v_n int := pg_catalog.cardinality(p_values);
     v_half int := v_n / 2;
 BEGIN
     IF v_n <= 8 THEN
-        RETURN pg_catalog.format('CASE%s ELSE mailbox.%I(%s) END',
-            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN ($1).inbox_key OPERATOR(pg_catalog.=) %s THEN mailbox.%I(%s)',
-                                                            k, '_inbox_' || k || '_' || p_kind, p_params), '' ORDER BY o)
-               FROM pg_catalog.unnest(p_keys) WITH ORDINALITY AS u (k, o)),
-            '_inbox_dispatch_' || p_kind, p_params);
+        RETURN pg_catalog.format('CASE%s ELSE %s END',
+            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN %s OPERATOR(pg_catalog.=) %s THEN %s',
+                                                            p_subject, v, p_arms[o]), '' ORDER BY o)
+               FROM pg_catalog.unnest(p_values) WITH ORDINALITY AS u (v, o)),
+            p_else);
     END IF;
-    RETURN pg_catalog.format('CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.<) %s THEN %s ELSE %s END',
-        p_keys[v_half + 1], mailbox._inbox_route_case(p_kind, p_params, p_keys[1:v_half]),
-        mailbox._inbox_route_case(p_kind, p_params, p_keys[v_half + 1:]));
+    RETURN pg_catalog.format('CASE WHEN %s OPERATOR(pg_catalog.<) %s%s THEN %s ELSE %s END',
+        p_subject, p_values[v_half + 1], p_split_suffix,
+        mailbox._inbox_case(p_subject, p_values[1:v_half], p_arms[1:v_half], p_else, p_split_suffix),
+        mailbox._inbox_case(p_subject, p_values[v_half + 1:], p_arms[v_half + 1:], p_else, p_split_suffix));
 END
 $$;
 
@@ -7722,7 +7709,10 @@ BEGIN
     IF pg_catalog.cardinality(v_keys) = 0 THEN
         RETURN pg_catalog.format('SELECT mailbox.%I(%s)', '_inbox_dispatch_' || p_kind, v_params);
     END IF;
-    RETURN 'SELECT ' || mailbox._inbox_route_case(p_kind, v_params, v_keys);
+    RETURN 'SELECT ' || mailbox._inbox_case('($1).inbox_key', v_keys::text[],
+        ARRAY(SELECT pg_catalog.format('mailbox.%I(%s)', '_inbox_' || k || '_' || p_kind, v_params)
+                FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o),
+        pg_catalog.format('mailbox.%I(%s)', '_inbox_dispatch_' || p_kind, v_params));
 END
 $$;
 

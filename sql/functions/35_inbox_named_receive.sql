@@ -237,31 +237,6 @@ AS $$
      ORDER BY i.inbox_name COLLATE "C";
 $$;
 
--- The CASE over p_names (sorted) for a named router: up to 8 names one arm each, more split
--- in halves. Arm i is p_call with %s replaced by p_keys[i].
-CREATE FUNCTION mailbox._inbox_route_named_case(p_names text[], p_keys text[], p_call text, p_else text)
-RETURNS text
-LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_n int := pg_catalog.cardinality(p_names);
-    v_half int := v_n / 2;
-BEGIN
-    IF v_n <= 8 THEN
-        RETURN pg_catalog.format('CASE%s ELSE %s END',
-            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN $1 OPERATOR(pg_catalog.=) %L::pg_catalog.text THEN %s',
-                                                            n, pg_catalog.replace(p_call, '%s', p_keys[o]::text)), '' ORDER BY o)
-               FROM pg_catalog.unnest(p_names) WITH ORDINALITY AS u (n, o)),
-            p_else);
-    END IF;
-    RETURN pg_catalog.format('CASE WHEN $1 OPERATOR(pg_catalog.<) %L::pg_catalog.text COLLATE pg_catalog."C" THEN %s ELSE %s END',
-        p_names[v_half + 1],
-        mailbox._inbox_route_named_case(p_names[1:v_half], p_keys[1:v_half], p_call, p_else),
-        mailbox._inbox_route_named_case(p_names[v_half + 1:], p_keys[v_half + 1:], p_call, p_else));
-END
-$$;
-
 -- The bodies of the three named routers for the inboxes that have an arm now:
 -- receive_named(name, event_id, ...) calls the inbox's named receive, processed_named(name,
 -- event_id) its named mark (not ordered inboxes'); named_version(name) is what those functions
@@ -285,13 +260,19 @@ BEGIN
     IF v_names IS NULL THEN
         RETURN CASE WHEN p_kind = 'named_version' THEN 'SELECT NULL::pg_catalog.text' ELSE 'SELECT NULL::pg_catalog.bool' END;
     END IF;
-    RETURN 'SELECT ' || CASE p_kind
-        WHEN 'receive_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
-            'mailbox._inbox_%s_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)',
-            'NULL::pg_catalog.bool')
-        WHEN 'processed_named' THEN mailbox._inbox_route_named_case(v_names, v_keys,
-            'mailbox._inbox_%s_processed_named(NULL::mailbox._inbox, $2)', 'NULL::pg_catalog.bool')
-        ELSE mailbox._inbox_route_named_case(v_names, v_versions, '%s', 'NULL::pg_catalog.text') END;
+    -- arms by name, split in the "C" collation the names are sorted in (part 35, routes)
+    RETURN 'SELECT ' || mailbox._inbox_case('$1',
+        ARRAY(SELECT pg_catalog.quote_literal(n) || '::pg_catalog.text' FROM pg_catalog.unnest(v_names) WITH ORDINALITY AS u (n, o) ORDER BY o),
+        CASE p_kind
+            WHEN 'receive_named' THEN ARRAY(
+                SELECT 'mailbox._inbox_' || k || '_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)'
+                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
+            WHEN 'processed_named' THEN ARRAY(
+                SELECT 'mailbox._inbox_' || k || '_processed_named(NULL::mailbox._inbox, $2)'
+                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
+            ELSE v_versions END,
+        CASE WHEN p_kind = 'named_version' THEN 'NULL::pg_catalog.text' ELSE 'NULL::pg_catalog.bool' END,
+        ' COLLATE pg_catalog."C"');
 END
 $$;
 

@@ -50,26 +50,32 @@ AS $$
            ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
--- The CASE over p_keys (sorted) for one kind: up to 8 keys one arm each, more split in halves.
-CREATE FUNCTION mailbox._inbox_route_case(p_kind text, p_params text, p_keys int[])
+-- The CASE of a router (the key routers here, the named ones in part 35, named receive):
+-- arm i is taken when p_subject equals p_values[i] (SQL constants, sorted as p_split_suffix
+-- makes OPERATOR(pg_catalog.<) compare them); anything else is p_else. Up to 8 arms one WHEN
+-- each, more split in halves, so a call tests about log2(n) + 8 of them.
+CREATE FUNCTION mailbox._inbox_case(
+    p_subject text, p_values text[], p_arms text[], p_else text, p_split_suffix text DEFAULT ''
+)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_n int := pg_catalog.cardinality(p_keys);
+    v_n int := pg_catalog.cardinality(p_values);
     v_half int := v_n / 2;
 BEGIN
     IF v_n <= 8 THEN
-        RETURN pg_catalog.format('CASE%s ELSE mailbox.%I(%s) END',
-            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN ($1).inbox_key OPERATOR(pg_catalog.=) %s THEN mailbox.%I(%s)',
-                                                            k, '_inbox_' || k || '_' || p_kind, p_params), '' ORDER BY o)
-               FROM pg_catalog.unnest(p_keys) WITH ORDINALITY AS u (k, o)),
-            '_inbox_dispatch_' || p_kind, p_params);
+        RETURN pg_catalog.format('CASE%s ELSE %s END',
+            (SELECT pg_catalog.string_agg(pg_catalog.format(' WHEN %s OPERATOR(pg_catalog.=) %s THEN %s',
+                                                            p_subject, v, p_arms[o]), '' ORDER BY o)
+               FROM pg_catalog.unnest(p_values) WITH ORDINALITY AS u (v, o)),
+            p_else);
     END IF;
-    RETURN pg_catalog.format('CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.<) %s THEN %s ELSE %s END',
-        p_keys[v_half + 1], mailbox._inbox_route_case(p_kind, p_params, p_keys[1:v_half]),
-        mailbox._inbox_route_case(p_kind, p_params, p_keys[v_half + 1:]));
+    RETURN pg_catalog.format('CASE WHEN %s OPERATOR(pg_catalog.<) %s%s THEN %s ELSE %s END',
+        p_subject, p_values[v_half + 1], p_split_suffix,
+        mailbox._inbox_case(p_subject, p_values[1:v_half], p_arms[1:v_half], p_else, p_split_suffix),
+        mailbox._inbox_case(p_subject, p_values[v_half + 1:], p_arms[v_half + 1:], p_else, p_split_suffix));
 END
 $$;
 
@@ -93,7 +99,10 @@ BEGIN
     IF pg_catalog.cardinality(v_keys) = 0 THEN
         RETURN pg_catalog.format('SELECT mailbox.%I(%s)', '_inbox_dispatch_' || p_kind, v_params);
     END IF;
-    RETURN 'SELECT ' || mailbox._inbox_route_case(p_kind, v_params, v_keys);
+    RETURN 'SELECT ' || mailbox._inbox_case('($1).inbox_key', v_keys::text[],
+        ARRAY(SELECT pg_catalog.format('mailbox.%I(%s)', '_inbox_' || k || '_' || p_kind, v_params)
+                FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o),
+        pg_catalog.format('mailbox.%I(%s)', '_inbox_dispatch_' || p_kind, v_params));
 END
 $$;
 
