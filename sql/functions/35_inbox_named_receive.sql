@@ -69,7 +69,7 @@ $$;
 -- changes.)
 CREATE FUNCTION mailbox._inbox_build_named_table_check(p_inbox mailbox._inbox, p_version text)
 RETURNS text
-LANGUAGE sql IMMUTABLE SECURITY INVOKER
+LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format('pg_catalog.pg_relation_is_updatable(%1$s::pg_catalog.regclass, FALSE) OPERATOR(pg_catalog.=) 0'
@@ -203,8 +203,9 @@ AS $$
 $$;
 
 -- Whether an inbox's named receive and mark exist, are the extension owner's, and were
--- generated from its catalog row as it is now and for its table as it is now (the oid: a restored database's
--- functions name the dumped one until maintenance regenerates them, part 43).
+-- generated from its catalog row as it is now and for its table as it is now (the oid: a
+-- restored database's functions name the dumped one until maintenance regenerates them,
+-- part 43; an ordered inbox's named mark names no table).
 CREATE FUNCTION mailbox._inbox_named_current(p_inbox mailbox._inbox)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -222,8 +223,9 @@ AS $$
 $$;
 
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
--- routers split on it): managed, without grants, with a named receive that the extension
--- owner owns and that was generated from the catalog row as it is now.
+-- routers split on it): managed, without grants, with a named receive and mark that the
+-- extension owner owns and that were generated from the catalog row as it is now (the named
+-- mark's router leaves out the ordered ones).
 CREATE FUNCTION mailbox._inbox_named_arms()
 RETURNS TABLE (inbox_name text, inbox_key int, version text, ordered boolean)
 LANGUAGE sql STABLE SECURITY INVOKER
