@@ -79,7 +79,8 @@ AS $$
 DECLARE
     v_fn regprocedure;
 BEGIN
-    PERFORM mailbox._inbox_quiesce(p_inbox); -- part 35, named receive
+    -- (drop_inbox, the only caller, has waited for the table's writers already: part 35,
+    -- named receive)
     FOR v_fn IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname = ANY (mailbox._inbox_fn_names(p_inbox))

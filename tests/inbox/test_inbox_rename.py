@@ -116,6 +116,42 @@ def test_a_session_that_began_before_a_table_swap_does_not_write_the_new_table(
     db.execute("SELECT mailbox.drop_inbox('s', p_cascade => true)")
 
 
+@pytest.mark.parametrize("cascade", [True, False], ids=["table_dropped", "table_kept"])
+@pytest.mark.parametrize("call", sorted(STALE_CALLS))
+def test_a_session_that_began_before_drop_inbox_gets_inbox_not_found(db, connect, call, cascade):
+    """The same warm session after drop_inbox committed. With its table dropped, the named
+    function's table check fails and the full path finds no inbox: 42704, as a fresh session
+    gets (the review saw 42P01 before the fix). With the table kept, the check passes, the
+    statement runs, and the version check refuses it (40001, nothing stays); the retry gets
+    42704 (docs/inbox.md, drop_inbox)."""
+    db.execute("SELECT mailbox.create_inbox('s')")
+    worker = connect(autocommit=False)
+    for event_id in ("w1", "w2"):
+        assert receive(worker, "s", event_id) is True
+        assert scalar(worker, "SELECT mailbox.inbox_mark_processed('s', %s)", [event_id])
+    assert receive(worker, "s", "a") is True  # what the stale mark would mark
+    worker.commit()
+    assert scalar(worker, "SELECT 1") == 1
+    db.execute("SELECT mailbox.drop_inbox('s', p_cascade => %s)", [cascade])
+    sql, written = STALE_CALLS[call]
+    if not cascade:
+        with raises("40001"):
+            worker.execute(sql)
+        worker.rollback()
+        # nothing stayed: 'a' is not processed, 'new' not stored
+        assert (
+            scalar(
+                db, f"SELECT count(*) FROM mailbox.s WHERE {written} AND event_id IN ('a', 'new')"
+            )
+            == 0
+        )
+    with raises("42704"):
+        worker.execute(sql)
+    worker.rollback()
+    if not cascade:
+        db.execute("DROP TABLE mailbox.s")
+
+
 def test_status_health_and_maintenance_use_the_inbox_s_own_table(renamed):
     db = renamed
     got = rows(
