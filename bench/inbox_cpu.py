@@ -27,8 +27,13 @@ Each round truncates and refills the tables (not counted), runs a CHECKPOINT, th
 every variant; the order of the variants rotates by round. The table gives the median
 microseconds per message and the ratio baseline / variant (1.00 = as cheap as the baseline).
 
+--functions adds where the server time of claim 10 + mark per message goes: one worker drains
+--messages messages with track_functions = 'all', and the table lists each PL/pgSQL function's
+self time per message from pg_stat_user_functions (timing every call adds its own overhead:
+read the shares, not the sums).
+
 Usage: python bench/inbox_cpu.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-       [--messages 4000] [--rounds 9] [--quick]
+       [--messages 4000] [--rounds 9] [--functions] [--quick]
 The DSN's user must be allowed to CREATE DATABASE; pg_mailbox must be installed. --quick is
 a smoke run (tiny sizes; the numbers mean nothing).
 """
@@ -145,11 +150,36 @@ def measure(db, label, variants, rounds, prepare):
     return label, got
 
 
+def function_times(db, dsn, n):
+    """(function, calls, self µs per message) of one claim 10 + mark-per-message drain."""
+    db.execute(f"TRUNCATE mailbox.{INBOX}")
+    db.execute("DELETE FROM mailbox._inbox_lease")
+    ib.fill(db, f"mailbox.{INBOX}", n)
+    db.execute("SELECT pg_stat_reset()")
+    with ib.connect(dsn, autocommit=False) as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("SET track_functions = 'all'")
+        conn.commit()
+        ib.drain_mailbox(conn, INBOX, "w", 10, True)
+    db.execute("SELECT pg_stat_force_next_flush()")
+    for _ in range(50):  # the worker's statistics reach the shared ones when it exits
+        got = db.execute(
+            "SELECT funcname, calls, self_time * 1000 / %s FROM pg_stat_user_functions"
+            " WHERE self_time > 0 ORDER BY self_time DESC",
+            [n],
+        ).fetchall()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise RuntimeError("no function statistics arrived")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--functions", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -197,6 +227,7 @@ def main():
                 full,
             )
         )
+        functions = function_times(db, dsn, n) if args.functions else []
         db.close()
     finally:
         with ib.connect(args.dsn) as admin:
@@ -210,6 +241,13 @@ def main():
         for variant, values in got.items():
             ratio = statistics.median(b / v for b, v in zip(base, values, strict=True))
             print(f"{label:<36} {variant:<24} {statistics.median(values):>8.1f} {ratio:>6.2f}")
+    if functions:
+        print(f"\nclaim 10 + mark per msg: self time per message ({n:,} messages, one drain,")
+        print("track_functions = 'all', which adds its own overhead; PL/pgSQL and SQL functions")
+        print("that were not inlined)")
+        print(f"{'function':<36} {'calls':>8} {'us/msg':>8}")
+        for name, calls, per in functions:
+            print(f"{name:<36} {calls:>8,} {per:>8.2f}")
     print(f"\ntotal run time {time.perf_counter() - started:.0f} s")
 
 

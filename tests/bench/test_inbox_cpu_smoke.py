@@ -27,7 +27,7 @@ ROWS = {
 
 def test_inbox_cpu_quick_prints_every_variant(dsn: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--dsn", dsn],
+        [sys.executable, str(BENCH), "--quick", "--functions", "--dsn", dsn],
         capture_output=True,
         text=True,
         timeout=300,
@@ -45,3 +45,7 @@ def test_inbox_cpu_quick_prints_every_variant(dsn: str) -> None:
             assert float(row.group(1)) > 0 and float(row.group(2)) > 0, out
             if n == 0:
                 assert row.group(2) == "1.00", out
+    # --functions: the marks' and claims' own functions, with calls and time per message
+    for fn in ("inbox_mark_processed", "inbox_claim"):
+        row = re.search(rf"^{fn}\s+([\d,]+)\s+([\d.]+)$", out, re.MULTILINE)
+        assert row and int(row.group(1).replace(",", "")) > 0, f"no function row {fn}:\n{out}"
