@@ -1,9 +1,10 @@
 {#- mailbox_create_inbox: make sure an inbox exists (idempotent).
 
-    dbt run-operation mailbox_create_inbox --args '{name: payments, schema: app, max_retries: 5}'
+    dbt run-operation mailbox_create_inbox --args '{name: payments, max_retries: 5}'
 
     An inbox of that name in that schema is left as it is (settings are not changed). One
-    of that name elsewhere, or a plain table in the way: the SPEC's 42710 error. -#}
+    of that name elsewhere, or a plain table in the way: the SPEC's 42710 error. A schema
+    a non-superuser owns: 42501 (adopt a model's table with inbox_config instead). -#}
 {% macro mailbox_create_inbox(name, schema='mailbox', max_retries=none, retention_hours=none,
                               with_dead_letter=none, with_stats=none) -%}
     {%- do pg_mailbox._mailbox_run(pg_mailbox.mailbox_create_inbox_sql(
