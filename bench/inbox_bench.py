@@ -355,10 +355,13 @@ MESSAGE_COLUMNS = (
 )
 
 
-def drain_mailbox(conn, inbox, worker, batch, per_message):
+def drain_mailbox(conn, inbox, worker, batch, per_message, batches=None):
     """inbox_claim(batch) then inbox_mark_processed per message, or once for the batch (the
-    text[] form); one transaction per batch, until nothing is left to claim."""
-    while True:
+    text[] form); one transaction per batch, until nothing is left to claim (or after
+    `batches` batches)."""
+    while batches is None or batches > 0:
+        if batches is not None:
+            batches -= 1
         # the whole messages, as a consumer reads them (the baseline reads the same)
         got = conn.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM mailbox.inbox_claim(%s, %s, %s)",
@@ -378,13 +381,18 @@ def drain_mailbox(conn, inbox, worker, batch, per_message):
         conn.commit()
 
 
-def drain_plain(conn, batch, per_message, mark=PLAIN_MARK):
+def drain_plain(
+    conn, batch, per_message, mark=PLAIN_MARK, batches=None, table="public.plain_inbox"
+):
     """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
     makes the same number of round trips as claim + one mark call per message (`mark`, the
-    per-message statement, takes the id)."""
-    while True:
+    per-message statement, takes the id); until nothing is left (or after `batches`
+    batches)."""
+    while batches is None or batches > 0:
+        if batches is not None:
+            batches -= 1
         got = conn.execute(
-            f"SELECT {MESSAGE_COLUMNS} FROM public.plain_inbox WHERE processed_at IS NULL"
+            f"SELECT {MESSAGE_COLUMNS} FROM {table} WHERE processed_at IS NULL"
             " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
             [batch],
         ).fetchall()
@@ -400,7 +408,7 @@ def drain_plain(conn, batch, per_message, mark=PLAIN_MARK):
                 conn.execute(mark, [i])
         else:
             conn.execute(
-                "UPDATE public.plain_inbox SET processed_at = now() WHERE event_id = ANY(%s)",
+                f"UPDATE {table} SET processed_at = now() WHERE event_id = ANY(%s)",
                 [ids],
             )
         conn.commit()

@@ -23,9 +23,15 @@ bench/inbox_bench.py:
 - claim 100 + batch mark, one worker: SKIP LOCKED LIMIT 100 + one UPDATE per batch against
   inbox_claim + inbox_mark_processed(text[]).
 
-Each round truncates and refills the tables (not counted), runs a CHECKPOINT, then measures
-every variant; the order of the variants rotates by round. The table gives the median
-microseconds per message and the ratio baseline / variant (1.00 = as cheap as the baseline).
+Each round truncates and refills the tables (not counted), runs a CHECKPOINT and warms every
+variant up (plans and caches, not counted); then the variants take turns every 100 messages
+(200 for claim 100), the first of each turn rotating, each variant on its own table, so that
+a slow minute of the machine falls on all of them alike (whole-round turns moved a variant by
+up to 60% between rounds). With --pin (the default on two or more cores) the client runs on
+the first core and the backends on the last. The table gives the median microseconds per
+message and the median of the per-round ratios baseline / variant (1.00 = as cheap as the
+baseline). Ratios depend on the CPU: on the AMD EPYC machines of earlier sessions they were
+higher than on the Intel Xeon of 2026-11-28's second session (docs/benchmarks.md).
 
 --functions adds where the server time of claim 10 + mark per message goes: one worker drains
 --messages messages with track_functions = 'all', and the table lists each PL/pgSQL function's
@@ -33,7 +39,7 @@ self time per message from pg_stat_user_functions (timing every call adds its ow
 read the shares, not the sums).
 
 Usage: python bench/inbox_cpu.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-       [--messages 4000] [--rounds 9] [--functions] [--quick]
+       [--messages 4000] [--rounds 9] [--functions] [--no-pin] [--quick]
 The DSN's user must be allowed to CREATE DATABASE; pg_mailbox must be installed. --quick is
 a smoke run (tiny sizes; the numbers mean nothing).
 """
@@ -41,6 +47,7 @@ a smoke run (tiny sizes; the numbers mean nothing).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -52,12 +59,25 @@ import inbox_bench as ib  # noqa: E402  (the statements, tables and workers it m
 
 INBOX = "cpu"
 WARM_UP = 50
+WARM_BATCHES = 5
+# the ceiling wrappers' own table (bench/inbox_ceiling.sql names public.plain_inbox): the
+# variants take turns, so each needs a table of its own
+CEILING_TABLE = "public.ceiling_inbox"
+
+
+# Where the processes run. With the client and the backends free to move between the
+# machine's cores, a backend's CPU per message moved by up to 60% from round to round (when
+# it shares a core with the client, each switch evicts the other's caches), more than the
+# differences measured. With --pin (the default on 2 or more cores) the client runs on the
+# first core and every backend on the last one, so each measured backend runs alone on its
+# core, only while the client waits for it, alike for every variant.
+CLIENT_CPU, BACKEND_CPU = 0, (os.cpu_count() or 1) - 1
 
 
 class Backend:
     """One connection and the CPU its server backend has used so far."""
 
-    def __init__(self, dsn, autocommit):
+    def __init__(self, dsn, autocommit, pin):
         self.conn = ib.connect(dsn, autocommit=autocommit)
         self.conn.execute("SET synchronous_commit = off")
         pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
@@ -66,6 +86,8 @@ class Backend:
         self.stat = Path(f"/proc/{pid}/schedstat")
         if not self.stat.exists():
             sys.exit(f"backend {pid} is not on this machine: inbox_cpu.py reads its /proc entry")
+        if pin:
+            os.sched_setaffinity(pid, {BACKEND_CPU})
 
     def cpu_ns(self):
         return int(self.stat.read_text().split()[0])
@@ -74,79 +96,102 @@ class Backend:
         self.conn.close()
 
 
-def per_message_us(backend, n, work):
-    before = backend.cpu_ns()
-    work()
-    return (backend.cpu_ns() - before) / n / 1000
+class Variant:
+    """A variant of a case: its backend, a warm-up (plans and caches, before the clock) and
+    step(k, count), which handles messages k .. k + count - 1 of the round."""
+
+    def __init__(self, name, backend, warm, step, check=None):
+        self.name, self.backend, self.warm, self.step, self.check = name, backend, warm, step, check
 
 
-def receive_variants(dsn, ids):
-    def variant(sql, params):
-        backend = Backend(dsn, autocommit=True)
+def receive_variants(dsn, ids, pin):
+    def variant(name, sql, params, table):
+        backend = Backend(dsn, autocommit=True, pin=pin)
+        cur = backend.conn.cursor()
 
-        def run():
-            with backend.conn.cursor() as cur:
-                for i in range(WARM_UP):  # plans and caches, on ids the round never uses
-                    cur.execute(sql, params(f"warm-{i}"))
-                return per_message_us(
-                    backend, len(ids), lambda: [cur.execute(sql, params(i)) for i in ids]
-                )
+        def warm():
+            for i in range(WARM_UP):  # on ids the round never uses
+                cur.execute(sql, params(f"warm-{i}"))
 
-        return backend, run
+        def step(k, count):
+            for i in ids[k : k + count]:
+                cur.execute(sql, params(i))
+
+        return Variant(name, backend, warm, step)
 
     return [
-        ("INSERT ... ON CONFLICT", *variant(ib.PLAIN_RECEIVE, lambda i: [i])),
-        ("ceiling wrapper", *variant("SELECT public.ceiling_receive(%s)", lambda i: [i])),
-        ("inbox_receive", *variant(ib.MAILBOX_RECEIVE, lambda i: [INBOX, i])),
+        variant("INSERT ... ON CONFLICT", ib.PLAIN_RECEIVE, lambda i: [i], "public.plain_inbox"),
+        variant(
+            "ceiling wrapper", "SELECT public.ceiling_receive(%s)", lambda i: [i], CEILING_TABLE
+        ),
+        variant("inbox_receive", ib.MAILBOX_RECEIVE, lambda i: [INBOX, i], f"mailbox.{INBOX}"),
     ]
 
 
-def claim_variants(dsn, n, batch, per_message):
-    def variant(drain, table):
-        backend = Backend(dsn, autocommit=False)
+def claim_variants(dsn, batch, per_message, pin):
+    def variant(name, drain, table):
+        backend = Backend(dsn, autocommit=False, pin=pin)
 
-        def run():
-            took = per_message_us(backend, n, lambda: drain(backend.conn))
+        def warm():
+            drain(backend.conn, WARM_BATCHES)
+
+        def step(_k, count):
+            drain(backend.conn, count // batch)
+
+        def check():
             left = backend.conn.execute(
                 f"SELECT count(*) FROM {table} WHERE processed_at IS NULL"
             ).fetchone()[0]
             backend.conn.commit()
             assert left == 0, f"{left} messages left unprocessed in {table}"
-            return took
 
-        return backend, run
+        return Variant(name, backend, warm, step, check)
 
-    plain = (
+    plain = variant(
         "SKIP LOCKED + UPDATE",
-        *variant(lambda c: ib.drain_plain(c, batch, per_message), "public.plain_inbox"),
+        lambda c, b: ib.drain_plain(c, batch, per_message, batches=b),
+        "public.plain_inbox",
     )
-    ours = (
+    ours = variant(
         "inbox_claim + mark",
-        *variant(lambda c: ib.drain_mailbox(c, INBOX, "w", batch, per_message), f"mailbox.{INBOX}"),
+        lambda c, b: ib.drain_mailbox(c, INBOX, "w", batch, per_message, batches=b),
+        f"mailbox.{INBOX}",
     )
     if not per_message:
         return [plain, ours]
-    wrapper = (
+    wrapper = variant(
         "ceiling wrapper",
-        *variant(
-            lambda c: ib.drain_plain(c, batch, True, "SELECT public.ceiling_mark(%s)"),
-            "public.plain_inbox",
+        lambda c, b: ib.drain_plain(
+            c, batch, True, "SELECT public.ceiling_mark(%s)", batches=b, table=CEILING_TABLE
         ),
+        CEILING_TABLE,
     )
     return [plain, wrapper, ours]
 
 
-def measure(db, label, variants, rounds, prepare):
-    """{variant: [µs per message per round]}, the variants' order rotating by round."""
-    got = {name: [] for name, _, _ in variants}
-    for r in range(rounds):
-        shift = r % len(variants)
-        for name, _, run in variants[shift:] + variants[:shift]:
-            prepare()
-            db.execute("CHECKPOINT")
-            got[name].append(run())
-    for _, backend, _ in variants:
-        backend.close()
+def measure(db, label, variants, rounds, prepare, n, chunk):
+    """{variant: [µs per message per round]}. In each round the variants take turns every
+    `chunk` messages, the first of each turn rotating, so that a slow minute of the machine
+    falls on every variant alike."""
+    got = {v.name: [] for v in variants}
+    for _ in range(rounds):
+        prepare()
+        db.execute("CHECKPOINT")
+        for v in variants:
+            v.warm()
+        used = {v.name: 0 for v in variants}
+        for turn, k in enumerate(range(0, n, chunk)):
+            shift = turn % len(variants)
+            for v in variants[shift:] + variants[:shift]:
+                before = v.backend.cpu_ns()
+                v.step(k, chunk)
+                used[v.name] += v.backend.cpu_ns() - before
+        for v in variants:
+            if v.check:
+                v.check()
+            got[v.name].append(used[v.name] / n / 1000)
+    for v in variants:
+        v.backend.close()
     return label, got
 
 
@@ -181,10 +226,19 @@ def main():
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--functions", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave the client and the backends where the scheduler puts them",
+    )
     args = parser.parse_args()
     if args.quick:
         args.messages, args.rounds = 400, 2
-    n = args.messages
+    pin = args.pin and (os.cpu_count() or 1) >= 2
+    if pin:
+        os.sched_setaffinity(0, {CLIENT_CPU})
+    n = -(-args.messages // 200) * 200  # whole turns of every case (chunks of 100 and 200)
     name, dsn = ib.scratch_database(args.dsn)
     started = time.perf_counter()
     results = []
@@ -192,39 +246,54 @@ def main():
         db = ib.connect(dsn)
         db.execute(f"SELECT mailbox.create_inbox('{INBOX}')")
         db.execute(ib.PLAIN_TABLE)
-        db.execute(ib.CEILING_FUNCTIONS)
+        db.execute(f"CREATE TABLE {CEILING_TABLE} (LIKE public.plain_inbox INCLUDING ALL)")
+        db.execute(ib.CEILING_FUNCTIONS.replace("public.plain_inbox", CEILING_TABLE))
         ids = ib.message_ids(n)
+        tables = ("public.plain_inbox", CEILING_TABLE, f"mailbox.{INBOX}")
 
         def empty():
-            db.execute(f"TRUNCATE public.plain_inbox, mailbox.{INBOX}")
+            db.execute(f"TRUNCATE {', '.join(tables)}")
 
-        def full():
-            empty()
-            db.execute("DELETE FROM mailbox._inbox_lease")
-            ib.fill(db, "public.plain_inbox", n)
-            ib.fill(db, f"mailbox.{INBOX}", n)
+        def full(batch):
+            def prepare():
+                empty()
+                db.execute("DELETE FROM mailbox._inbox_lease")
+                for table in tables:  # the round's messages and the warm-up's
+                    ib.fill(db, table, n + WARM_BATCHES * batch)
+
+            return prepare
 
         results.append(
             measure(
-                db, "receive, 1 call/msg, 20% dup", receive_variants(dsn, ids), args.rounds, empty
+                db,
+                "receive, 1 call/msg, 20% dup",
+                receive_variants(dsn, ids, pin),
+                args.rounds,
+                empty,
+                n,
+                100,
             )
         )
         results.append(
             measure(
                 db,
                 "claim 10 + mark per msg, 1 worker",
-                claim_variants(dsn, n, 10, True),
+                claim_variants(dsn, 10, True, pin),
                 args.rounds,
-                full,
+                full(10),
+                n,
+                100,
             )
         )
         results.append(
             measure(
                 db,
                 "claim 100 + batch mark, 1 worker",
-                claim_variants(dsn, n, 100, False),
+                claim_variants(dsn, 100, False, pin),
                 args.rounds,
-                full,
+                full(100),
+                n,
+                200,
             )
         )
         functions = function_times(db, dsn, n) if args.functions else []
@@ -232,9 +301,17 @@ def main():
     finally:
         with ib.connect(args.dsn) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    print(f"\nbackend CPU per message ({n:,} messages per round, medians of {args.rounds}")
-    print("interleaved rounds; us, lower is better; ratio = baseline / variant, the median of")
-    print("the per-round ratios; synchronous_commit = off on every connection)")
+    print(f"\nbackend CPU per message ({n:,} messages per round, medians of {args.rounds} rounds")
+    print("in which the variants take turns every 100 messages (200 for claim 100); us, lower")
+    print("is better; ratio = baseline / variant, the median of the per-round ratios;")
+    print(
+        "synchronous_commit = off on every connection; "
+        + (
+            f"client and backends pinned to cores {CLIENT_CPU} and {BACKEND_CPU})"
+            if pin
+            else "not pinned)"
+        )
+    )
     print(f"{'case':<36} {'variant':<24} {'us/msg':>8} {'ratio':>6}")
     for label, got in results:
         base = next(iter(got.values()))

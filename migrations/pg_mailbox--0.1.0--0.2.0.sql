@@ -5504,6 +5504,11 @@ BEGIN
         IF v_found.waiting THEN
             PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
+        -- whether the messages this transaction claimed from the inbox have no lease row
+        -- (none of the inbox had one after the locks): then the named mark has no lease to
+        -- end (part 37, claim settle, "Marks without a lease")
+        PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || v_inbox.inbox_key,
+                                      CASE WHEN v_again.leased THEN '' ELSE 'on' END, TRUE);
         RETURN QUERY -- (one statement: each costs an executor start-up)
         WITH claim AS (
             INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)
@@ -7416,10 +7421,12 @@ $$;
 
 -- The body of _inbox_<key>_processed_named (only for a managed inbox): $1 as above, $2 the
 -- event id. NULL for what the full path refuses (it raises the error) and for an ordered
--- inbox. The lease ends in the UPDATE's statement: a lease committed while the UPDATE waited
--- for the row is not seen, and holds nothing until it expires (a processed message is never
--- claimed, counted in flight or replayed with its lease; the full path re-reads only for an
--- ordered inbox, part 33, marks).
+-- inbox. The lease ends after the UPDATE, unless this transaction's claims of the inbox
+-- found no lease row (part 37, claim settle, "Marks without a lease"): a lease the DELETE
+-- does not see, or does not look for, holds nothing until it expires (a processed message
+-- is never claimed, counted in flight or replayed with its lease; the full path re-reads
+-- only for an ordered inbox, part 33, marks). Two statements, not one with a CTE: the
+-- CTE's two table updates cost an executor start-up each even when there is no lease.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -7442,19 +7449,16 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    WITH done AS (
-        UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL
-        RETURNING t.%4$I
-    ), ended AS (
+    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL;
+    v_done := FOUND;
+    IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2
-           AND EXISTS (SELECT 1 FROM done)
-    )
-    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%6$s
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2;
+    END IF;%6$s
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
         p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
-        mailbox._inbox_build_named_check(p_inbox, p_version));
+        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key);
 END
 $$;
 
@@ -8182,6 +8186,8 @@ BEGIN
         RETURN 'retry';
     END IF;
     IF p_delay > 0 THEN
+        -- a lease row of this transaction (part 37, claim settle, "Marks without a lease")
+        PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || p_inbox.inbox_key, '', TRUE);
         INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
         VALUES (p_inbox.inbox_key, v_id, NULL, NULL,
                 pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => p_delay))
@@ -8265,6 +8271,19 @@ COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text[], text, int) IS
 -- ids its transaction claimed; a failure report (part 37, _inbox_fail_one) and a replay
 -- take their ids out of the open claims of their own transaction, so those messages are
 -- claimable again at once rather than leased at commit.
+--
+-- Marks without a lease. The named mark (part 35, named receive) ends a message's lease with
+-- a DELETE, an executor start-up on another table that cost about a tenth of a mark. A
+-- message this transaction claimed has no lease row to end when no lease row of the inbox
+-- existed after the claim's locks: no other transaction can lease a row this one holds
+-- locked, and this one writes lease rows only by settling or by a failure report. So
+-- inbox_claim, step 2a, sets the transaction-local setting mailbox.claim_unleased_<key> to
+-- 'on' when that probe found none (and clears it when it found some), and every writer of
+-- this transaction's lease rows (_inbox_settle below, _inbox_fail_one) clears it; the named
+-- mark skips its DELETE while it is 'on'. A mark of a message that another transaction
+-- claimed, made while the setting is on, leaves that lease, which holds nothing (as above,
+-- a processed message is never claimed, counted in flight or replayed with its lease) and
+-- is deleted by maintenance once it has expired. Setting it by hand only does the same.
 
 -- Settles one open claim now: the ids still pending (neither processed nor dead letters, as
 -- the table owner sees them) become lease rows and the claim row is deleted. Called at commit
@@ -8277,24 +8296,26 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
-    v_claim mailbox._inbox_open_claim;
+    v_claim record;
     v_inbox mailbox._inbox;
     v_left text[];
     v_won int;
 BEGIN
-    -- the row as it is now: a failure report may have taken ids out since the insert
-    DELETE FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = p_claim_no RETURNING o.* INTO v_claim;
+    -- the row as it is now (a failure report may have taken ids out since the insert), with
+    -- its inbox (drop_inbox deletes the open claims of its transaction)
+    DELETE FROM mailbox._inbox_open_claim AS o USING mailbox._inbox AS i
+     WHERE o.claim_no = p_claim_no AND i.inbox_key = o.inbox_key
+    RETURNING o.inbox_key, o.event_ids, o.lease_until, o.leased_by, o.leased_by_pid, i AS inbox INTO v_claim;
     IF NOT FOUND OR pg_catalog.cardinality(v_claim.event_ids) = 0 THEN
         RETURN; -- settled already (by a batch mark or an earlier call), or nothing is left
     END IF;
-    SELECT i.* INTO v_inbox FROM mailbox._inbox AS i WHERE i.inbox_key = v_claim.inbox_key;
-    IF NOT FOUND THEN
-        RETURN; -- the inbox was dropped in the same transaction
-    END IF;
+    v_inbox := v_claim.inbox;
     v_left := mailbox._inbox_route_unsettled(v_inbox, v_claim.event_ids); -- part 35, routes
     IF v_left IS NULL THEN
         RETURN;
     END IF;
+    -- this transaction now has lease rows of the inbox (Marks without a lease, above)
+    PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || v_claim.inbox_key, '', TRUE);
     -- the claim held these rows locked since it re-read their leases, so no live lease or
     -- retry time of another worker can be in the way; the WHERE only keeps that true
     WITH won AS (
@@ -8411,6 +8432,8 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call
+    -- (a batch of 100 measured 0.02 of the baseline cheaper with this probe than with a
+    -- call that finds no row)
     IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = NEW.claim_no) THEN
         PERFORM mailbox._inbox_settle(NEW.claim_no);
     END IF;

@@ -216,6 +216,11 @@ BEGIN
         IF v_found.waiting THEN
             PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, FALSE); -- busy: no wake-up
         END IF;
+        -- whether the messages this transaction claimed from the inbox have no lease row
+        -- (none of the inbox had one after the locks): then the named mark has no lease to
+        -- end (part 37, claim settle, "Marks without a lease")
+        PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || v_inbox.inbox_key,
+                                      CASE WHEN v_again.leased THEN '' ELSE 'on' END, TRUE);
         RETURN QUERY -- (one statement: each costs an executor start-up)
         WITH claim AS (
             INSERT INTO mailbox._inbox_open_claim (inbox_key, event_ids, lease_until, leased_by, leased_by_pid)

@@ -149,10 +149,12 @@ $$;
 
 -- The body of _inbox_<key>_processed_named (only for a managed inbox): $1 as above, $2 the
 -- event id. NULL for what the full path refuses (it raises the error) and for an ordered
--- inbox. The lease ends in the UPDATE's statement: a lease committed while the UPDATE waited
--- for the row is not seen, and holds nothing until it expires (a processed message is never
--- claimed, counted in flight or replayed with its lease; the full path re-reads only for an
--- ordered inbox, part 33, marks).
+-- inbox. The lease ends after the UPDATE, unless this transaction's claims of the inbox
+-- found no lease row (part 37, claim settle, "Marks without a lease"): a lease the DELETE
+-- does not see, or does not look for, holds nothing until it expires (a processed message
+-- is never claimed, counted in flight or replayed with its lease; the full path re-reads
+-- only for an ordered inbox, part 33, marks). Two statements, not one with a CTE: the
+-- CTE's two table updates cost an executor start-up each even when there is no lease.
 CREATE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -175,19 +177,16 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    WITH done AS (
-        UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL
-        RETURNING t.%4$I
-    ), ended AS (
+    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL;
+    v_done := FOUND;
+    IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2
-           AND EXISTS (SELECT 1 FROM done)
-    )
-    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;%6$s
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2;
+    END IF;%6$s
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
         p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
-        mailbox._inbox_build_named_check(p_inbox, p_version));
+        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key);
 END
 $$;
 

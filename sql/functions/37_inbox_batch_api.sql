@@ -221,6 +221,8 @@ BEGIN
         RETURN 'retry';
     END IF;
     IF p_delay > 0 THEN
+        -- a lease row of this transaction (part 37, claim settle, "Marks without a lease")
+        PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || p_inbox.inbox_key, '', TRUE);
         INSERT INTO mailbox._inbox_lease AS l (inbox_key, event_id, lease_until, leased_by, next_attempt_at)
         VALUES (p_inbox.inbox_key, v_id, NULL, NULL,
                 pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => p_delay))

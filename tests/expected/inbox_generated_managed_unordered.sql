@@ -156,15 +156,12 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    WITH done AS (
-        UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
-        RETURNING t.event_id
-    ), ended AS (
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL;
+    v_done := FOUND;
+    IF v_done AND pg_catalog.current_setting('mailbox.claim_unleased_1', TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) 1 AND l.event_id OPERATOR(pg_catalog.=) $2
-           AND EXISTS (SELECT 1 FROM done)
-    )
-    SELECT EXISTS (SELECT 1 FROM done) INTO v_done;
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) 1 AND l.event_id OPERATOR(pg_catalog.=) $2;
+    END IF;
     IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
         RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'
             USING ERRCODE = '40001',

@@ -137,15 +137,93 @@ def test_a_rolled_back_claim_leaves_nothing(q, connect):
     assert claim(connect(), "q", "w2") == ["m"]
 
 
-def test_set_constraints_immediate_leases_at_once_and_the_mark_ends_it(q, connect):
+@pytest.mark.parametrize("mark", ["batch", "single"])
+def test_set_constraints_immediate_leases_at_once_and_the_mark_ends_it(q, connect, mark):
     receive(q, "q", "m")
     w = connect(autocommit=False)
     w.execute("SET CONSTRAINTS ALL IMMEDIATE")
     assert claim(w, "q") == ["m"]
     assert leases(w) == [("m", "w", True, False)]
-    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m'])") == 1
+    if mark == "batch":
+        assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m'])") == 1
+    else:  # the named mark: the settling told it that this transaction has a lease now
+        assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'm')") is True
     assert leases(w) == []
     w.commit()
+    assert leases(q) == []
+
+
+def unleased(conn):
+    """this transaction's claim_unleased setting of inbox q (key 1)"""
+    return scalar(conn, "SELECT current_setting('mailbox.claim_unleased_1', true)")
+
+
+def test_a_mark_after_a_second_claim_ends_the_lease_the_second_claim_wrote(q, connect):
+    """The named mark skips its lease DELETE while this transaction's claims found no lease
+    row (part 37, "Marks without a lease"). A second claim settles the first into lease rows,
+    so a mark of the first claim's message must end its lease again."""
+    for i in range(3):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    first = claim(w, "q", batch=2)
+    assert unleased(w) == "on"  # no lease row of the inbox: marks have none to end
+    second = claim(w, "q", batch=1)  # settles the first claim: two lease rows of this transaction
+    assert unleased(w) == ""
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', %s)", [first[0]]) is True
+    assert [r[0] for r in leases(w)] == [first[1]]
+    w.commit()
+    assert [r[0] for r in leases(q)] == sorted([first[1], *second])  # pending at commit
+
+
+def test_a_claim_that_finds_an_expired_lease_lets_the_mark_end_it(q, connect):
+    """A message whose lease expired is claimable with its lease row still there (the claim
+    does not delete it; settling would overwrite it): that claim must not tell the mark
+    that there is no lease to end."""
+    receive(q, "q", "m")
+    w1 = connect()
+    assert claim(w1, "q", "w1") == ["m"]  # autocommit: leased to w1 at once
+    q.execute("UPDATE mailbox._inbox_lease SET lease_until = now() - interval '1 second'")
+    w2 = connect(autocommit=False)
+    assert claim(w2, "q", "w2") == ["m"]
+    assert unleased(w2) == ""
+    assert scalar(w2, "SELECT mailbox.inbox_mark_processed('q', 'm')") is True
+    assert leases(w2) == []
+    w2.commit()
+    assert leases(q) == []
+
+
+def test_a_failure_report_with_a_retry_time_lets_a_later_mark_end_that_lease(q, connect):
+    receive(q, "q", "m")
+    w = connect(autocommit=False)
+    assert claim(w, "q") == ["m"]
+    assert unleased(w) == "on"
+    assert scalar(w, "SELECT mailbox.inbox_mark_failed('q', 'm', 'boom', 60)") == "retry"
+    assert leases(w) == [("m", None, False, True)]
+    assert unleased(w) == ""
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'm')") is True
+    assert leases(w) == []
+    w.commit()
+    assert leases(q) == []
+
+
+def test_a_mark_while_no_lease_was_seen_leaves_a_later_foreign_lease_that_holds_nothing(q, connect):
+    """The documented price of skipping the DELETE: a transaction whose claim saw no lease
+    row marks a message that another worker leased after that claim. The lease stays until
+    it expires; it holds nothing (not in flight, not claimable, cleared by a replay)."""
+    receive(q, "q", "mine")
+    receive(q, "q", "theirs")
+    w = connect(autocommit=False)
+    assert claim(w, "q", "w", batch=1) == ["mine"]
+    assert unleased(w) == "on"
+    other = connect()
+    assert claim(other, "q", "other") == ["theirs"]  # autocommit: a lease row now
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'theirs')") is True
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'mine')") is True
+    w.commit()
+    assert leases(q) == [("theirs", "other", True, False)]
+    assert scalar(q, "SELECT mailbox.inbox_health('q') -> 'in_flight_count'") == 0
+    assert claim(connect(), "q", "third") == []
+    assert scalar(q, "SELECT mailbox.replay_inbox_messages('q', ARRAY['theirs'])") == 1
     assert leases(q) == []
 
 
@@ -239,13 +317,18 @@ def test_workers_mixing_both_lease_paths_claim_every_message_once(q, connect):
     assert leases(q) == []
 
 
-def test_a_mark_that_waited_for_another_claimers_commit_leaves_a_lease_that_holds_nothing(
-    q, connect
+@pytest.mark.parametrize("path", ["named", "full"])
+def test_a_mark_that_waited_for_another_claimers_commit_leaves_no_lease_that_holds_anything(
+    q, connect, path
 ):
-    """inbox_mark_processed deletes a lease only when its lookup saw one. A mark that waits
-    for another worker's claim to commit (that worker's open claim becomes a lease at
-    commit, after the mark's lookup) leaves that lease behind: it must hold nothing, as a
-    processed message is never claimed nor counted in flight, and a replay clears it."""
+    """A mark that waits for another worker's claim to commit (that worker's open claim
+    becomes a lease at commit, after the mark began). The named mark (a managed inbox
+    without grants) ends that lease in a later statement, which sees it. The full path (here:
+    an inbox with a grant) deletes a lease only when its lookup saw one, so it leaves that
+    lease behind: it must hold nothing, as a processed message is never claimed nor counted
+    in flight, and a replay clears it."""
+    if path == "full":
+        q.execute("SELECT mailbox.grant_inbox('q', 'mailbox_consumer', 'process')")
     receive(q, "q", "m0")
     holder = connect(autocommit=False)
     assert claim(holder, "q", "holder") == ["m0"]
@@ -261,6 +344,9 @@ def test_a_mark_that_waited_for_another_claimers_commit_leaves_a_lease_that_hold
     holder.commit()  # settles the claim: m0 is still pending, so it gets a lease
     t.join(10)
     assert done == {"v": True}
+    if path == "named":
+        assert leases(q) == []
+        return
     assert leases(q) == [("m0", "holder", True, False)]  # left behind, expires by itself
     assert scalar(q, "SELECT mailbox.inbox_health('q') -> 'in_flight_count'") == 0
     assert claim(connect(), "q", "other") == []
