@@ -206,6 +206,33 @@ def test_a_failure_report_with_a_retry_time_lets_a_later_mark_end_that_lease(q, 
     assert leases(q) == []
 
 
+def test_an_ordered_claim_after_ordering_was_enabled_in_the_transaction_lets_the_mark_end_it(
+    q, connect
+):
+    """Found by an adversarial review: a claim of the unordered inbox says there is no lease,
+    ordering is enabled in the same transaction, and the next claim writes its lease row at
+    once (an ordered claim); after ordering is disabled again the named mark must end it."""
+    for event_id, agg in (("a", "A"), ("b", "B")):
+        q.execute(
+            "SELECT mailbox.inbox_receive('q', %s, '{}',"
+            " p_aggregate_id => %s, p_sequence_num => 1)",
+            [event_id, agg],
+        )
+    w = connect(autocommit=False)
+    assert claim(w, "q", batch=1) == ["a"]
+    assert unleased(w) == "on"
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'a')") is True
+    w.execute("SELECT mailbox.enable_inbox_ordering('q')")
+    assert claim(w, "q", batch=1) == ["b"]
+    assert leases(w) == [("b", "w", True, False)]  # written at once
+    assert unleased(w) == ""
+    w.execute("SELECT mailbox.disable_inbox_ordering('q')")
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'b')") is True
+    assert leases(w) == []
+    w.commit()
+    assert leases(q) == []
+
+
 def test_a_mark_while_no_lease_was_seen_leaves_a_later_foreign_lease_that_holds_nothing(q, connect):
     """The documented price of skipping the DELETE: a transaction whose claim saw no lease
     row marks a message that another worker leased after that claim. The lease stays until
