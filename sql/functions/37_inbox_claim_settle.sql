@@ -34,15 +34,16 @@
 -- a DELETE, an executor start-up on another table that cost about a tenth of a mark. A
 -- message this transaction claimed has no lease row to end when no lease row of the inbox
 -- existed after the claim's locks: no other transaction can lease a row this one holds
--- locked, and this one writes lease rows only by settling or by a failure report. So
+-- locked, and this one writes lease rows only by settling, by a claim that leases at once
+-- (step 2b, after ordering was enabled in the same transaction) or by a failure report. So
 -- inbox_claim, step 2a, sets the transaction-local setting mailbox.claim_unleased_<key> to
 -- 'on' when that probe found none (and clears it when it found some), and every writer of
 -- this transaction's lease rows (_inbox_settle and _inbox_claim_leases below,
--- _inbox_fail_one) clears it; the named
--- mark skips its DELETE while it is 'on'. A mark of a message that another transaction
--- claimed, made while the setting is on, leaves that lease, which holds nothing (as above,
--- a processed message is never claimed, counted in flight or replayed with its lease) and
--- is deleted by maintenance once it has expired. Setting it by hand only does the same.
+-- _inbox_fail_one) clears it; the named mark skips its DELETE while it is 'on'. A mark of a
+-- message that another transaction claimed, made while the setting is on, leaves that
+-- lease, which holds nothing (as above, a processed message is never claimed, counted in
+-- flight or replayed with its lease) and is deleted by maintenance once it has expired.
+-- Setting it by hand only does the same.
 
 -- Settles one open claim now: the ids still pending (neither processed nor dead letters, as
 -- the table owner sees them) become lease rows and the claim row is deleted. Called at commit
