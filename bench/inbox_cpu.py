@@ -169,30 +169,41 @@ def claim_variants(dsn, batch, per_message, pin):
     return [plain, wrapper, ours]
 
 
+def wal_lsn(db):
+    return db.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
+
+
 def measure(db, label, variants, rounds, prepare, n, chunk):
-    """{variant: [µs per message per round]}. In each round the variants take turns every
-    `chunk` messages, the first of each turn rotating, so that a slow minute of the machine
-    falls on every variant alike."""
+    """({variant: [µs per message per round]}, {variant: [WAL bytes per message per round]}).
+    In each round the variants take turns every `chunk` messages, the first of each turn
+    rotating, so that a slow minute of the machine falls on every variant alike. The WAL
+    of a turn is what the server wrote during it (only that variant ran; a background
+    process's WAL would count too, on whichever variant it fell)."""
     got = {v.name: [] for v in variants}
+    wal = {v.name: [] for v in variants}
     for _ in range(rounds):
         prepare()
         db.execute("CHECKPOINT")
         for v in variants:
             v.warm()
         used = {v.name: 0 for v in variants}
+        wrote = {v.name: 0 for v in variants}
         for turn, k in enumerate(range(0, n, chunk)):
             shift = turn % len(variants)
             for v in variants[shift:] + variants[:shift]:
+                lsn = wal_lsn(db)
                 before = v.backend.cpu_ns()
                 v.step(k, chunk)
                 used[v.name] += v.backend.cpu_ns() - before
+                wrote[v.name] += wal_lsn(db) - lsn
         for v in variants:
             if v.check:
                 v.check()
             got[v.name].append(used[v.name] / n / 1000)
+            wal[v.name].append(float(wrote[v.name]) / n)
     for v in variants:
         v.backend.close()
-    return label, got
+    return label, got, wal
 
 
 def function_times(db, dsn, n):
@@ -312,12 +323,18 @@ def main():
             else "not pinned)"
         )
     )
-    print(f"{'case':<36} {'variant':<24} {'us/msg':>8} {'ratio':>6}")
-    for label, got in results:
+    print("WAL B/msg: bytes of WAL the server wrote per message during the variant's turns")
+    print("(the median of the rounds; the first turns after each round's CHECKPOINT include")
+    print("full-page images, alike for every variant)")
+    print(f"{'case':<36} {'variant':<24} {'us/msg':>8} {'ratio':>6} {'WAL B/msg':>10}")
+    for label, got, wal in results:
         base = next(iter(got.values()))
         for variant, values in got.items():
             ratio = statistics.median(b / v for b, v in zip(base, values, strict=True))
-            print(f"{label:<36} {variant:<24} {statistics.median(values):>8.1f} {ratio:>6.2f}")
+            print(
+                f"{label:<36} {variant:<24} {statistics.median(values):>8.1f} {ratio:>6.2f}"
+                f" {statistics.median(wal[variant]):>10.1f}"
+            )
     if functions:
         print(f"\nclaim 10 + mark per msg: self time per message ({n:,} messages, one drain,")
         print("track_functions = 'all', which adds its own overhead; PL/pgSQL and SQL functions")

@@ -24,6 +24,9 @@ UPDATE mailbox._inbox AS i
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
 -- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
 CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
+-- Issue 11: open claims write no WAL (part 30: a row never outlives its transaction; the table
+-- is empty outside open transactions, so the rewrite is instant).
+ALTER TABLE mailbox._inbox_open_claim SET UNLOGGED;
 -- Issue 11: the aggregate of an ordered inbox's lease, one row per aggregate at most (part 37,
 -- _inbox_claim_leases). A lease taken before the update has none: it still counts in every
 -- claim's scan, only not in the re-read after the aggregate's lock, until it ends.

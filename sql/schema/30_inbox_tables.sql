@@ -67,7 +67,11 @@ SELECT pg_catalog.pg_extension_config_dump('mailbox._inbox_lease', '');
 -- turns the messages still pending into lease rows (the claim outlives its transaction) and
 -- deletes the row, so a claim whose messages are marked in its own transaction writes no
 -- lease at all. Rows are only ever visible to their own transaction.
-CREATE TABLE mailbox._inbox_open_claim (
+-- UNLOGGED: a row never outlives its transaction (settled, so deleted, at its commit), so a
+-- crash, which ends every open transaction, loses nothing the table should keep; logged, its
+-- insert and delete were the only WAL a claim-and-mark transaction wrote beyond a plain
+-- SKIP LOCKED loop's (44 bytes a message at claims of 10, docs/benchmarks.md).
+CREATE UNLOGGED TABLE mailbox._inbox_open_claim (
     claim_no bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     inbox_key int NOT NULL,
     event_ids text[] NOT NULL,

@@ -2,7 +2,8 @@
 
 A smoke run with tiny sizes (the numbers mean nothing) against the test cluster, which runs
 on this machine (the script reads its backends' /proc entries). Each claim variant checks
-that it drained its table; the baseline of each case prints a ratio of exactly 1.00.
+that it drained its table; the baseline of each case prints a ratio of exactly 1.00; every
+row has a WAL figure.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ def test_inbox_cpu_quick_prints_every_variant(dsn: str) -> None:
     for case, variants in ROWS.items():
         for n, variant in enumerate(variants):
             row = re.search(
-                rf"^{re.escape(case)}\s+{re.escape(variant)}\s+([\d.]+)\s+([\d.]+)$",
+                rf"^{re.escape(case)}\s+{re.escape(variant)}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
                 out,
                 re.MULTILINE,
             )
             assert row, f"no row {case} / {variant}:\n{out}"
             assert float(row.group(1)) > 0 and float(row.group(2)) > 0, out
+            assert float(row.group(3)) > 0, out  # each variant writes WAL for what it stores
             if n == 0:
                 assert row.group(2) == "1.00", out
     # --functions: the marks' and claims' own functions, with calls and time per message
