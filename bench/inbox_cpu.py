@@ -117,7 +117,11 @@ def receive_variants(dsn, ids, pin):
             for i in ids[k : k + count]:
                 cur.execute(sql, params(i))
 
-        return Variant(name, backend, warm, step)
+        def check():  # every variant stored the same messages, each once
+            stored = backend.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            assert stored == len(set(ids)) + WARM_UP, f"{stored} rows in {table}"
+
+        return Variant(name, backend, warm, step, check)
 
     return [
         variant("INSERT ... ON CONFLICT", ib.PLAIN_RECEIVE, lambda i: [i], "public.plain_inbox"),

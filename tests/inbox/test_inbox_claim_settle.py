@@ -13,7 +13,7 @@ import time
 import psycopg
 import pytest
 from groups import wait_blocked
-from mbx import drop_gated_table, make_gated_table, rows, scalar
+from mbx import drop_gated_table, drop_role, make_gated_table, make_role, rows, scalar
 
 
 def receive(conn, inbox, event_id):
@@ -252,6 +252,32 @@ def test_a_mark_while_no_lease_was_seen_leaves_a_later_foreign_lease_that_holds_
     assert claim(connect(), "q", "third") == []
     assert scalar(q, "SELECT mailbox.replay_inbox_messages('q', ARRAY['theirs'])") == 1
     assert leases(q) == []
+
+
+def test_a_consumer_setting_claim_unleased_by_hand_only_leaves_leases_that_hold_nothing(q, connect):
+    """docs/configuration.md: a consumer that sets mailbox.claim_unleased_<key> itself (for its
+    session) only makes its own marks leave leases, which hold nothing; other workers'
+    claims and the inbox's health are not touched."""
+    for event_id in ("a", "b", "c"):
+        receive(q, "q", event_id)
+    consumer = make_role(q, "mailbox_consumer")
+    try:
+        other = connect()
+        assert claim(other, "q", "other", batch=2) == ["a", "b"]  # autocommit: leased
+        hostile = connect()
+        hostile.execute(f'SET ROLE "{consumer}"')
+        hostile.execute("SET mailbox.claim_unleased_1 = 'on'")
+        assert scalar(hostile, "SELECT mailbox.inbox_mark_processed('q', 'a')") is True
+        assert leases(q) == [("a", "other", True, False), ("b", "other", True, False)]
+        assert scalar(q, "SELECT mailbox.inbox_health('q') -> 'in_flight_count'") == 1  # b
+        assert claim(connect(), "q", "third") == ["c"]  # a is processed, b still held
+        assert scalar(other, "SELECT mailbox.inbox_mark_processed('q', 'b')") is True
+        # other's own mark ends its lease: the setting is the hostile session's alone
+        assert leases(q) == [("a", "other", True, False), ("c", "third", True, False)]
+        assert scalar(q, "SELECT mailbox.replay_inbox_messages('q', ARRAY['a'])") == 1
+        assert [r[0] for r in leases(q)] == ["c"]
+    finally:
+        drop_role(q, consumer)
 
 
 def test_a_claimer_whose_scan_predates_a_committed_lease_does_not_win_the_message(db, connect):
