@@ -13,7 +13,9 @@ apart on the same machine:
   UPDATE per batch; inbox_claim(batch 10) + inbox_mark_processed() per message versus
   SKIP LOCKED LIMIT 10 + one UPDATE ... WHERE event_id = <the id> per message (the same
   round trips; each side passes one id, not an array); both sides fetch
-  the same eleven message columns (inbox_claim's lease_until is not fetched);
+  the same eleven message columns (inbox_claim's lease_until is not fetched); and both
+  forms at 1 worker draining --messages out of a --backlog of pending messages (300,000 by
+  default), loaded before the clock on both sides: a claim's plan is costed by the backlog;
 - the ceiling of a function API: the single receive and the per-message mark of a claim of
   10 (1 worker) through a SECURITY DEFINER PL/pgSQL function with a pinned search_path that
   runs only the baseline's statement, against that statement: what no function can pass;
@@ -33,7 +35,8 @@ apart on the same machine:
   most 100 ms (the steady-state medians; the first call after the load is printed beside).
 
 Usage: python bench/inbox_bench.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-       [--messages 20000] [--big 1000000] [--aggregates 10000] [--repeat 5] [--rounds 3]
+       [--messages 20000] [--backlog 300000] [--big 1000000] [--aggregates 10000]
+       [--repeat 5] [--rounds 3]
        [--only throughput|latency] [--quick]
 The DSN's user must be allowed to CREATE DATABASE; pg_mailbox must be installed
 (`make install`). --quick shrinks every size (a smoke run, numbers not comparable).
@@ -430,7 +433,7 @@ def plain_worker(dsn, batch, per_message, mark=PLAIN_MARK):
     return work
 
 
-def bench_claim(dsn, n, repeat):
+def bench_claim(dsn, n, repeat, backlog):
     db = connect(dsn)
     db.execute("SELECT mailbox.drop_inbox('clm', true, true)")
     db.execute("SELECT mailbox.create_inbox('clm')")
@@ -457,6 +460,24 @@ def bench_claim(dsn, n, repeat):
 
         return run
 
+    # n messages drained out of a backlog of `backlog` pending ones, which both sides load
+    # before the clock (the claim's generic plan is costed by the pending rows: above some
+    # 120,000 of them it passed jit_above_cost, and every claim was JIT-compiled again)
+    def from_backlog(table, drain, batch):
+        def run():
+            db.execute(f"TRUNCATE {table}")
+            db.execute("DELETE FROM mailbox._inbox_lease")
+            fill(db, table, backlog)
+            with connect(dsn, autocommit=False) as conn:
+                took = timed(lambda: drain(conn, n // batch))
+            done = db.execute(
+                f"SELECT count(*) FROM {table} WHERE processed_at IS NOT NULL"
+            ).fetchone()[0]
+            assert done == n // batch * batch, done
+            return done / took
+
+        return run
+
     cases = []
     for workers in (1, 2, 4):
         cases.append(
@@ -472,6 +493,22 @@ def bench_claim(dsn, n, repeat):
                 f"claim 10 + mark per msg, {workers} worker(s)",
                 ours(workers, 10, True),
                 plain(workers, 10, True),
+            )
+        )
+    for batch, per_message, label in ((100, False, "batch mark"), (10, True, "mark per msg")):
+        cases.append(
+            (
+                f"claim {batch} + {label}, of {backlog:,} pending",
+                from_backlog(
+                    "mailbox.clm",
+                    lambda c, k, b=batch, p=per_message: drain_mailbox(c, "clm", "w0", b, p, k),
+                    batch,
+                ),
+                from_backlog(
+                    "public.plain_inbox",
+                    lambda c, k, b=batch, p=per_message: drain_plain(c, b, p, batches=k),
+                    batch,
+                ),
             )
         )
     results = rounds(cases, repeat)
@@ -750,6 +787,7 @@ def main():
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--big", type=int, default=1000000)
+    parser.add_argument("--backlog", type=int, default=300000)
     parser.add_argument("--aggregates", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -758,13 +796,14 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.messages, args.big, args.aggregates, args.repeat, args.rounds = 2000, 20000, 200, 2, 1
+        args.backlog = 5000
     name, dsn = scratch_database(args.dsn)
     started = time.perf_counter()
     try:
         throughput, ceiling, latency, backlog_rate = [], [], [], None
         if args.only != "latency":
             throughput = bench_receive(dsn, args.messages, args.rounds)
-            throughput += bench_claim(dsn, args.messages, args.rounds)
+            throughput += bench_claim(dsn, args.messages, args.rounds, args.backlog)
             ceiling = bench_ceiling(dsn, args.messages, args.rounds)
         if args.only != "throughput":
             latency, backlog_rate = bench_ordering(dsn, args.big, args.aggregates, args.repeat)
@@ -779,9 +818,9 @@ def main():
             "INSERT ... SELECT FROM unnest; SELECT ... FOR UPDATE SKIP LOCKED LIMIT <batch> + one"
         )
         print("UPDATE per batch (batch mark) or one UPDATE ... WHERE event_id = <id> per message")
-        print(f"{'case':<40} {'pg_mailbox':>10} {'baseline':>10} {'ratio':>6}")
+        print(f"{'case':<44} {'pg_mailbox':>10} {'baseline':>10} {'ratio':>6}")
         for case, ours, base, ratio in throughput:
-            print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
+            print(f"{case:<44} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
     if ceiling:
         print("\nceiling of a function API (interleaved rounds of its own): a SECURITY DEFINER")
         print("PL/pgSQL function with a pinned search_path running only the baseline's statement,")

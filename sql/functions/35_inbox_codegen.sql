@@ -191,7 +191,7 @@ BEGIN
         'boolean', CASE WHEN p_inbox.is_managed OR p_inbox.ordering_first_sequence IS NOT NULL THEN '' ELSE $d$
     v_ordered pg_catalog.bool;$d$ END, mailbox._inbox_build_receive(p_inbox));
     PERFORM mailbox._inbox_define(p_inbox, 'claim', 'int, timestamptz, boolean', 'mailbox._inbox_message[]', '',
-        mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan');
+        mailbox._inbox_build_claim(p_inbox), ' SET plan_cache_mode = force_generic_plan SET jit = off');
     PERFORM mailbox._inbox_define(p_inbox, 'processed', 'text', 'mailbox._inbox_done', $d$
     v_id pg_catalog.text;
     v_aggregate pg_catalog.text;

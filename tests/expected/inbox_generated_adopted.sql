@@ -4,6 +4,7 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_1_claim(mailbox._inbox, integer, times
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
