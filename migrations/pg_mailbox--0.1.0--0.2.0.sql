@@ -5418,9 +5418,9 @@ SET search_path = pg_catalog, mailbox, pg_temp
 -- the generated claim's LIMIT and times are parameters: one generic plan, never a custom
 -- plan per call (an extension owner's generated function has no SET of its own, part 35)
 SET plan_cache_mode = force_generic_plan
--- and never JIT-compiled: that generic plan is costed for a tenth of the pending rows, so
+-- and never JIT-compiled: that generic plan is costed for a share of the pending rows, so
 -- above some 120,000 of them its cost passes jit_above_cost (100,000 by default) and every
--- claim compiled its query again, about 8 ms, ten times a claim of 100 (docs/inbox.md)
+-- claim compiled its query again, about 8 ms, eight times a claim of 100 (docs/inbox.md)
 SET jit = off
 AS $$
 #variable_conflict use_column

@@ -3,7 +3,7 @@
 inbox_claim runs its generated query with a generic plan, which the planner costs for a share
 of the pending rows. Above some 120,000 pending rows (it depends on the statistics) that cost
 passed jit_above_cost (100,000 by default), so with PostgreSQL's default jit = on every claim
-compiled its query again: about 8 ms, ten times a whole claim of 100. inbox_claim now runs
+compiled its query again: about 8 ms, eight times a whole claim of 100. inbox_claim now runs
 with jit = off.
 
 auto_explain (loaded in the session, nested statements, NOTICE level) shows each statement's
