@@ -16,9 +16,15 @@ apart on the same machine:
   the same eleven message columns (inbox_claim's lease_until is not fetched); and both
   forms at 1 worker draining --messages out of a --backlog of pending messages (300,000 by
   default), loaded before the clock on both sides: a claim's plan is costed by the backlog;
-- the ceiling of a function API: the single receive and the per-message mark of a claim of
-  10 (1 worker) through a SECURITY DEFINER PL/pgSQL function with a pinned search_path that
-  runs only the baseline's statement, against that statement: what no function can pass;
+- claim 10 + batch mark at 1 worker draining --messages / 4 behind --in-flight (4,000)
+  messages in flight at the head of the queue, which every claim passes over: ours leased by
+  another worker's committed claim (600 s), the baseline's locked by another worker's open
+  SKIP LOCKED transaction, both set up before the clock;
+- the ceiling of a function API: the baseline's statements, each through a SECURITY DEFINER
+  PL/pgSQL function with a pinned search_path that runs only that statement
+  (bench/inbox_ceiling.sql), against the statements: the single receive; claim 10 + a mark
+  per message with the mark wrapped, and with the claim wrapped too; claim 100 + batch mark
+  with both wrapped (1 worker): what no function API can pass;
 - throughput cases run --rounds times, ours and the baseline interleaved;
 - the same two receive cases on an ordered inbox (200 aggregates), against a plain table
   with the same ordering index: what ordering and its gap bookkeeping add to receiving;
@@ -35,7 +41,8 @@ apart on the same machine:
   most 100 ms (the steady-state medians; the first call after the load is printed beside).
 
 Usage: python bench/inbox_bench.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-       [--messages 20000] [--backlog 300000] [--big 1000000] [--aggregates 10000]
+       [--messages 20000] [--backlog 300000] [--in-flight 4000] [--big 1000000]
+       [--aggregates 10000]
        [--repeat 5] [--rounds 3]
        [--only throughput|latency] [--quick]
 The DSN's user must be allowed to CREATE DATABASE; pg_mailbox must be installed
@@ -385,20 +392,29 @@ def drain_mailbox(conn, inbox, worker, batch, per_message, batches=None):
 
 
 def drain_plain(
-    conn, batch, per_message, mark=PLAIN_MARK, batches=None, table="public.plain_inbox"
+    conn,
+    batch,
+    per_message,
+    mark=PLAIN_MARK,
+    batches=None,
+    table="public.plain_inbox",
+    claim=None,
+    batch_mark=None,
 ):
     """SKIP LOCKED + UPDATE: one UPDATE per batch, or (per_message) one per message, which
     makes the same number of round trips as claim + one mark call per message (`mark`, the
     per-message statement, takes the id); until nothing is left (or after `batches`
-    batches)."""
+    batches). `claim` (takes the batch size, returns MESSAGE_COLUMNS) and `batch_mark`
+    (takes the ids) replace the claim and the per-batch UPDATE (the ceiling's wrappers)."""
+    claim = claim or (
+        f"SELECT {MESSAGE_COLUMNS} FROM {table} WHERE processed_at IS NULL"
+        " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+    batch_mark = batch_mark or f"UPDATE {table} SET processed_at = now() WHERE event_id = ANY(%s)"
     while batches is None or batches > 0:
         if batches is not None:
             batches -= 1
-        got = conn.execute(
-            f"SELECT {MESSAGE_COLUMNS} FROM {table} WHERE processed_at IS NULL"
-            " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
-            [batch],
-        ).fetchall()
+        got = conn.execute(claim, [batch]).fetchall()
         if not got:
             conn.commit()
             return
@@ -410,10 +426,7 @@ def drain_plain(
             for i in ids:
                 conn.execute(mark, [i])
         else:
-            conn.execute(
-                f"UPDATE {table} SET processed_at = now() WHERE event_id = ANY(%s)",
-                [ids],
-            )
+            conn.execute(batch_mark, [ids])
         conn.commit()
 
 
@@ -425,15 +438,15 @@ def mailbox_worker(dsn, inbox, batch, per_message):
     return work
 
 
-def plain_worker(dsn, batch, per_message, mark=PLAIN_MARK):
+def plain_worker(dsn, batch, per_message, mark=PLAIN_MARK, **statements):
     def work(_):
         with connect(dsn, autocommit=False) as conn:
-            drain_plain(conn, batch, per_message, mark)
+            drain_plain(conn, batch, per_message, mark, **statements)
 
     return work
 
 
-def bench_claim(dsn, n, repeat, backlog):
+def bench_claim(dsn, n, repeat, backlog, in_flight):
     db = connect(dsn)
     db.execute("SELECT mailbox.drop_inbox('clm', true, true)")
     db.execute("SELECT mailbox.create_inbox('clm')")
@@ -478,6 +491,47 @@ def bench_claim(dsn, n, repeat, backlog):
 
         return run
 
+    # Messages in flight at the head of the queue: another worker holds `in_flight` of the
+    # oldest while one worker drains n / 4 behind them (claim 10 + batch mark), every claim
+    # passing over them. Ours are leased (claimed with a 600 s lease, then committed: the
+    # two-transaction pattern); the baseline's are locked by an open SKIP LOCKED transaction
+    # (a plain table's only way to hold messages). Both are set up before the clock, alike.
+    drained = n // 4
+
+    def past_in_flight(table, hold, drain):
+        def run():
+            db.execute(f"TRUNCATE {table}")
+            db.execute("DELETE FROM mailbox._inbox_lease")
+            fill(db, table, in_flight + drained)
+            with connect(dsn, autocommit=False) as holder:
+                assert hold(holder) == in_flight
+                with connect(dsn, autocommit=False) as conn:
+                    took = timed(lambda: drain(conn, drained // 10))
+                holder.rollback()
+            done = db.execute(
+                f"SELECT count(*) FROM {table} WHERE processed_at IS NOT NULL"
+            ).fetchone()[0]
+            assert done == drained // 10 * 10, done
+            return done / took
+
+        return run
+
+    def lease(holder):
+        got = holder.execute(
+            "SELECT count(*) FROM mailbox.inbox_claim('clm', 'holder', %s, 600)", [in_flight]
+        ).fetchone()[0]
+        holder.commit()
+        return got
+
+    def lock(holder):
+        return len(
+            holder.execute(
+                "SELECT event_id FROM public.plain_inbox WHERE processed_at IS NULL"
+                " ORDER BY received_at LIMIT %s FOR UPDATE SKIP LOCKED",
+                [in_flight],
+            ).fetchall()
+        )
+
     cases = []
     for workers in (1, 2, 4):
         cases.append(
@@ -511,6 +565,19 @@ def bench_claim(dsn, n, repeat, backlog):
                 ),
             )
         )
+    cases.append(
+        (
+            f"claim 10 + batch mark, past {in_flight:,} in flight",
+            past_in_flight(
+                "mailbox.clm",
+                lease,
+                lambda c, k: drain_mailbox(c, "clm", "w0", 10, False, k),
+            ),
+            past_in_flight(
+                "public.plain_inbox", lock, lambda c, k: drain_plain(c, 10, False, batches=k)
+            ),
+        )
+    )
     results = rounds(cases, repeat)
     db.execute("SELECT mailbox.drop_inbox('clm', false, true)")
     db.execute("DROP TABLE public.plain_inbox")
@@ -541,11 +608,11 @@ def bench_ceiling(dsn, n, repeat):
 
         return run
 
-    def marks(sql):
+    def drains(batch, per_message, **statements):
         def run():
             db.execute("TRUNCATE public.plain_inbox")
             fill(db, "public.plain_inbox", n)
-            took = run_threads(1, plain_worker(dsn, 10, True, sql))
+            took = run_threads(1, plain_worker(dsn, batch, per_message, **statements))
             left = db.execute(
                 "SELECT count(*) FROM public.plain_inbox WHERE processed_at IS NULL"
             ).fetchone()[0]
@@ -554,6 +621,7 @@ def bench_ceiling(dsn, n, repeat):
 
         return run
 
+    claim = f"SELECT {MESSAGE_COLUMNS} FROM public.ceiling_claim(%s)"
     results = rounds(
         [
             (
@@ -561,15 +629,32 @@ def bench_ceiling(dsn, n, repeat):
                 receives("SELECT public.ceiling_receive(%s)"),
                 receives(PLAIN_RECEIVE),
             ),
+            # the mark wrapped, the claim the baseline's own statement (the bound of the
+            # mark alone; earlier runs printed this row as "..., 1 worker(s)")
             (
-                "claim 10 + mark per msg, 1 worker(s)",
-                marks("SELECT public.ceiling_mark(%s)"),
-                marks(PLAIN_MARK),
+                "claim 10 + mark per msg, mark wrapped",
+                drains(10, True, mark="SELECT public.ceiling_mark(%s)"),
+                drains(10, True),
+            ),
+            # both wrapped, as inbox_claim and inbox_mark_processed are both functions:
+            # the bound of the API
+            (
+                "claim 10 + mark per msg, both wrapped",
+                drains(10, True, mark="SELECT public.ceiling_mark(%s)", claim=claim),
+                drains(10, True),
+            ),
+            (
+                "claim 100 + batch mark, both wrapped",
+                drains(100, False, claim=claim, batch_mark="SELECT public.ceiling_mark_batch(%s)"),
+                drains(100, False),
             ),
         ],
         repeat,
     )
-    db.execute("DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text)")
+    db.execute(
+        "DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text),"
+        " public.ceiling_claim(int), public.ceiling_mark_batch(text[])"
+    )
     db.execute("DROP TABLE public.plain_inbox")
     db.close()
     return results
@@ -788,6 +873,7 @@ def main():
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--big", type=int, default=1000000)
     parser.add_argument("--backlog", type=int, default=300000)
+    parser.add_argument("--in-flight", type=int, default=4000)
     parser.add_argument("--aggregates", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -797,13 +883,14 @@ def main():
     if args.quick:
         args.messages, args.big, args.aggregates, args.repeat, args.rounds = 2000, 20000, 200, 2, 1
         args.backlog = 5000
+        args.in_flight = 400
     name, dsn = scratch_database(args.dsn)
     started = time.perf_counter()
     try:
         throughput, ceiling, latency, backlog_rate = [], [], [], None
         if args.only != "latency":
             throughput = bench_receive(dsn, args.messages, args.rounds)
-            throughput += bench_claim(dsn, args.messages, args.rounds, args.backlog)
+            throughput += bench_claim(dsn, args.messages, args.rounds, args.backlog, args.in_flight)
             ceiling = bench_ceiling(dsn, args.messages, args.rounds)
         if args.only != "throughput":
             latency, backlog_rate = bench_ordering(dsn, args.big, args.aggregates, args.repeat)
@@ -823,9 +910,11 @@ def main():
             print(f"{case:<44} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")
     if ceiling:
         print("\nceiling of a function API (interleaved rounds of its own): a SECURITY DEFINER")
-        print("PL/pgSQL function with a pinned search_path running only the baseline's statement,")
-        print("against that statement; no lookup, check or dispatch, so neither inbox_receive nor")
-        print("inbox_mark_processed can pass it")
+        print("PL/pgSQL function with a pinned search_path running only the baseline's statement")
+        print("(bench/inbox_ceiling.sql), against that statement; no lookup, check or dispatch, so")
+        print("inbox_receive, inbox_claim and inbox_mark_processed cannot pass it. 'mark wrapped':")
+        print("the claim is the baseline's own statement; 'both wrapped': the claim too, as")
+        print("inbox_claim is a function: the bound of the API")
         print(f"{'case':<40} {'wrapper':>10} {'baseline':>10} {'ratio':>6}")
         for case, ours, base, ratio in ceiling:
             print(f"{case:<40} {ours:>10,.0f} {base:>10,.0f} {ratio:>6.2f}")

@@ -17,10 +17,12 @@ bench/inbox_bench.py:
   managed inbox;
 - claim 10 + mark per message, one worker, one transaction per batch, starting from rows no
   one has claimed: SELECT ... FOR UPDATE SKIP LOCKED LIMIT 10 + one UPDATE per message (the
-  baseline), the same with the ceiling wrapper's UPDATE, and inbox_claim +
-  inbox_mark_processed per message; the CPU of the whole drain (claims, marks, commits) per
-  message;
+  baseline), the same with the ceiling wrapper's UPDATE, the same with the claim wrapped too
+  ("ceiling, both wrapped": the bound of an API whose claim is a function as well), and
+  inbox_claim + inbox_mark_processed per message; the CPU of the whole drain (claims, marks,
+  commits) per message;
 - claim 100 + batch mark, one worker: SKIP LOCKED LIMIT 100 + one UPDATE per batch against
+  both wrapped (bench/inbox_ceiling.sql's ceiling_claim and ceiling_mark_batch) and
   inbox_claim + inbox_mark_processed(text[]).
 
 Each round truncates and refills the tables (not counted), runs a CHECKPOINT and warms every
@@ -63,6 +65,9 @@ WARM_BATCHES = 5
 # the ceiling wrappers' own table (bench/inbox_ceiling.sql names public.plain_inbox): the
 # variants take turns, so each needs a table of its own
 CEILING_TABLE = "public.ceiling_inbox"
+# a second copy of the wrappers and their table, for the variant that wraps the claim too
+WRAPPED = "wrapped"
+WRAPPED_TABLE = f"{WRAPPED}.plain_inbox"
 
 
 # Where the processes run. With the client and the backends free to move between the
@@ -161,8 +166,23 @@ def claim_variants(dsn, batch, per_message, pin):
         lambda c, b: ib.drain_mailbox(c, INBOX, "w", batch, per_message, batches=b),
         f"mailbox.{INBOX}",
     )
+    # the claim and the mark both wrapped (inbox_claim is a function too): the bound of the API
+    both = variant(
+        "ceiling, both wrapped",
+        lambda c, b: ib.drain_plain(
+            c,
+            batch,
+            per_message,
+            f"SELECT {WRAPPED}.ceiling_mark(%s)",
+            batches=b,
+            table=WRAPPED_TABLE,
+            claim=f"SELECT {ib.MESSAGE_COLUMNS} FROM {WRAPPED}.ceiling_claim(%s)",
+            batch_mark=f"SELECT {WRAPPED}.ceiling_mark_batch(%s)",
+        ),
+        WRAPPED_TABLE,
+    )
     if not per_message:
-        return [plain, ours]
+        return [plain, both, ours]
     wrapper = variant(
         "ceiling wrapper",
         lambda c, b: ib.drain_plain(
@@ -170,7 +190,7 @@ def claim_variants(dsn, batch, per_message, pin):
         ),
         CEILING_TABLE,
     )
-    return [plain, wrapper, ours]
+    return [plain, wrapper, both, ours]
 
 
 def wal_lsn(db):
@@ -263,8 +283,11 @@ def main():
         db.execute(ib.PLAIN_TABLE)
         db.execute(f"CREATE TABLE {CEILING_TABLE} (LIKE public.plain_inbox INCLUDING ALL)")
         db.execute(ib.CEILING_FUNCTIONS.replace("public.plain_inbox", CEILING_TABLE))
+        db.execute(f"CREATE SCHEMA {WRAPPED}")
+        db.execute(f"CREATE TABLE {WRAPPED_TABLE} (LIKE public.plain_inbox INCLUDING ALL)")
+        db.execute(ib.CEILING_FUNCTIONS.replace("public.", f"{WRAPPED}."))
         ids = ib.message_ids(n)
-        tables = ("public.plain_inbox", CEILING_TABLE, f"mailbox.{INBOX}")
+        tables = ("public.plain_inbox", CEILING_TABLE, WRAPPED_TABLE, f"mailbox.{INBOX}")
 
         def empty():
             db.execute(f"TRUNCATE {', '.join(tables)}")

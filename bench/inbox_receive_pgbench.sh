@@ -34,8 +34,10 @@ psql -X -q -v ON_ERROR_STOP=1 -d "$db" >/dev/null <<'SQL'
 SET client_min_messages = warning;
 SELECT mailbox.drop_inbox('pgb', p_cascade => true, p_if_exists => true);
 SELECT mailbox.create_inbox('pgb');
+-- (the functions first: ceiling_claim returns the table's rows)
+DROP FUNCTION IF EXISTS public.ceiling_receive(text), public.ceiling_mark(text),
+    public.ceiling_claim(int), public.ceiling_mark_batch(text[]);
 DROP TABLE IF EXISTS public.plain_inbox;
-DROP FUNCTION IF EXISTS public.ceiling_receive(text), public.ceiling_mark(text);
 -- the baseline table: the inbox table's columns and indexes (as bench/inbox_server_loops.sql)
 CREATE TABLE public.plain_inbox (LIKE mailbox.pgb INCLUDING ALL);
 SQL
@@ -96,5 +98,7 @@ for sync in $modes; do
 done
 psql -X -q -d "$db" -c "SET client_min_messages = warning" \
     -c "SELECT mailbox.drop_inbox('pgb', p_cascade => true)" \
-    -c "DROP TABLE public.plain_inbox" -c "DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text)" \
+    -c "DROP FUNCTION public.ceiling_receive(text), public.ceiling_mark(text)" \
+    -c "DROP FUNCTION public.ceiling_claim(int), public.ceiling_mark_batch(text[])" \
+    -c "DROP TABLE public.plain_inbox" \
     >/dev/null

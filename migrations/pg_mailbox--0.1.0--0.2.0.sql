@@ -5498,11 +5498,14 @@ BEGIN
             PERFORM mailbox._inbox_check_unchanged(v_inbox); -- raises 40001
         END IF;
         IF v_again.leased THEN
-            -- (a filtered scan of the array keeps its order)
+            -- (a filtered scan of the array keeps its order; one primary-key lookup per
+            -- claimed message, fenced by OFFSET 0: left to the planner, it became a hash
+            -- anti-join that read every lease row of the inbox on every claim)
             v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                              WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
                                                 WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
-                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
+                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)
+                                                OFFSET 0));
             IF pg_catalog.cardinality(v_rows) = 0 THEN
                 PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE);
                 RETURN;
@@ -6766,6 +6769,56 @@ AS $$
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
+-- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
+-- inbox is ordered); inbox_mark_processed settles lease and ordering.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
+    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
+    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
+        mailbox._inbox_param(p_inbox, 'event_id', 2),
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
+             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
+             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- failed(row, event_id, error): counts the failure (and records the error where the table
+-- has a column for it), or says why not; inbox_mark_failed settles the lease.
+CREATE OR REPLACE FUNCTION mailbox._inbox_build_failed(p_inbox mailbox._inbox)
+RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
+     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
+    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
+    IF v_id IS NOT NULL THEN
+        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
+    END IF;
+    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
+    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
+                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
+        mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
+        CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
+        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+      FROM (SELECT p_inbox.columns AS c) AS x;
+$$;
+
+-- sql/functions/35_inbox_claim_builder.sql
+-- Part 35 (claim builder): the generated claim's query (issue 11), one of the builders of
+-- part 35 (builders), which writes the other generated functions' SQL: an ordered inbox's
+-- heads, the claimed message's fields, and the claim itself, with its exclusion of leased
+-- messages.
+
 -- For an ordered inbox, the claim's extra condition: only aggregate heads, oldest first (at
 -- most 4 x batch + 16 of them), collected by an InitPlan so the claim itself is a
 -- primary-key lookup. At most one in flight per aggregate: a head that is leased (or waits
@@ -6848,15 +6901,28 @@ $$;
 
 -- claim(row, batch size, now, leases exist): the candidates, locked, oldest (lowest priority)
 -- first; inbox_claim then leases them, and that upsert (or, in READ COMMITTED, its re-read of
--- the leases) decides who wins a message (see part 33). The per-row lease probe only spares
+-- the leases) decides who wins a message (see part 33). The lease exclusion only spares
 -- locking a leased message: inbox_claim passes FALSE as $4 when the inbox had no lease row at
 -- all a moment before (the documented claim-and-mark-in-one-transaction pattern writes none),
 -- and then it is skipped (OR stops at the first true arm). A lease committed in between is
 -- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
--- probes.
--- The per-inbox views are security barriers, which a join cannot see into: their probes are
--- subqueries kept apart by OFFSET 0, so each is one primary-key lookup per row. The array
--- takes the rows as the locking scan returns them, in the subquery's order (an empty array
+-- excludes.
+-- How it excludes (the per-inbox lease views are security barriers, which a join cannot see
+-- into):
+--   * without ordering, leased messages are the oldest pending ones (claims take the oldest),
+--     so every claim passes over all of them: a NOT IN against the inbox's live leases, read
+--     once per claim into an array and hashed (a hashed SubPlan: a hash probe per row passed
+--     over, not an index lookup). The array's unnest keeps the planner's estimate of the set
+--     at its default for a non-constant array (10 rows), so the plan is always the hashed
+--     one, whatever the statistics of the lease table say: a NOT IN over the view itself
+--     would fall back to a scan of the whole set per row once the planner expected it to
+--     exceed hash_mem. Leases are NOT NULL (primary key), so NOT IN has no NULL surprise.
+--     (4,000 leased messages at the head: 2.8-5.3 ms per claim instead of 10.9-17.6 with a
+--     lookup per row, docs/benchmarks.md);
+--   * an ordered inbox's candidates are a few heads (below), whose aggregates may have many
+--     leases between them: one primary-key lookup per candidate (a subquery kept apart by
+--     OFFSET 0) reads less than the whole set.
+-- The array takes the rows as the locking scan returns them, in the subquery's order (an empty array
 -- when there are none): no window, aggregate or sort of whole messages on top, which cost
 -- about a third of the function. (So the rows keep the order in which they were sorted
 -- before they were locked: a row whose priority or received_at another transaction changed
@@ -6865,9 +6931,10 @@ $$;
 -- plan_cache_mode, and _inbox_define for another role's SECURITY DEFINER function): with LIMIT $2 the
 -- planner costs it for 10% of the pending rows, far above a custom plan for a batch of 10, so
 -- the plan cache would never pick it and would plan every claim again (about 100 us); the
--- generic plan has the same shape (index order, anti-join per row). That cost also passes
--- jit_above_cost once an inbox has some 120,000 pending rows, so the same SET clauses turn
--- jit off: compiling the query cost every claim about 8 ms.
+-- generic plan has the same shape (index order, lease exclusion per row). That cost grows with
+-- the backlog and passes jit_above_cost (with a lookup per row, at some 120,000 pending rows;
+-- with the hashed set, at some 26 million), so the same SET clauses turn jit off: compiling
+-- the query cost every claim about 8 ms.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_claim(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -6878,9 +6945,7 @@ AS $$
         SELECT ROW(%1$s)::mailbox._inbox_message
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
-                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM %7$s AS l
-                                    WHERE l.event_id = t.%8$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
+                   AND ($4 IS FALSE OR %7$s)
                  ORDER BY %2$s
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t);$b$,
@@ -6888,51 +6953,14 @@ AS $$
         CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
             || mailbox._inbox_col(c, 'received_at'),
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'retry_count',
-        mailbox._inbox_build_claim_heads(p_inbox), mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id')
-      FROM (SELECT p_inbox.columns AS c) AS x;
-$$;
-
--- processed(row, event_id): marks it and returns its id (with aggregate and sequence when the
--- inbox is ordered); inbox_mark_processed settles lease and ordering.
-CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
-    RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
-    RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
-        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
-        mailbox._inbox_param(p_inbox, 'event_id', 2),
-        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.text'
-             ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
-        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
-             ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
-      FROM (SELECT p_inbox.columns AS c) AS x;
-$$;
-
--- failed(row, event_id, error): counts the failure (and records the error where the table
--- has a column for it), or says why not; inbox_mark_failed settles the lease.
-CREATE OR REPLACE FUNCTION mailbox._inbox_build_failed(p_inbox mailbox._inbox)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
-     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
-    RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
-    IF v_id IS NOT NULL THEN
-        RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
-    END IF;
-    SELECT t.%6$I IS NOT NULL INTO v_processed FROM %1$s AS t WHERE t.%4$I = %5$s;
-    RETURN ROW(NULL, NULL, CASE WHEN v_processed IS NULL THEN 'missing' WHEN v_processed THEN 'processed'
-                                ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
-        mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
-        CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
-        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+        mailbox._inbox_build_claim_heads(p_inbox),
+        pg_catalog.format(CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN $x$t.%2$I::pg_catalog.text NOT IN (
+                                    SELECT pg_catalog.unnest(ARRAY(SELECT l.event_id FROM %1$s AS l
+                                     WHERE l.lease_until > $3 OR l.next_attempt_at > $3)))$x$
+        ELSE $x$NOT EXISTS (SELECT 1 FROM %1$s AS l
+                                    WHERE l.event_id = t.%2$I::pg_catalog.text
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)$x$ END,
+            mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 

@@ -207,11 +207,14 @@ BEGIN
             PERFORM mailbox._inbox_check_unchanged(v_inbox); -- raises 40001
         END IF;
         IF v_again.leased THEN
-            -- (a filtered scan of the array keeps its order)
+            -- (a filtered scan of the array keeps its order; one primary-key lookup per
+            -- claimed message, fenced by OFFSET 0: left to the planner, it became a hash
+            -- anti-join that read every lease row of the inbox on every claim)
             v_rows := ARRAY(SELECT m FROM pg_catalog.unnest(v_rows) AS m
                              WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l
                                                 WHERE l.inbox_key = v_inbox.inbox_key AND l.event_id = m.event_id
-                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)));
+                                                  AND (l.lease_until > v_now OR l.next_attempt_at > v_now)
+                                                OFFSET 0));
             IF pg_catalog.cardinality(v_rows) = 0 THEN
                 PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE);
                 RETURN;

@@ -35,12 +35,19 @@ def test_inbox_bench_quick_prints_the_report(dsn: str) -> None:
         # drained out of a backlog (--quick: 5,000 pending)
         "claim 100 + batch mark, of 5,000 pending",
         "claim 10 + mark per msg, of 5,000 pending",
+        # behind messages in flight (--quick: 400), leased on our side, locked on the other
+        "claim 10 + batch mark, past 400 in flight",
     ):
         row = re.search(rf"^{re.escape(case)}.*\s([\d.]+)$", out, re.MULTILINE)
         assert row and float(row.group(1)) > 0, f"no throughput row {case}:\n{out}"
-    # the ceiling of a function API: a SECURITY DEFINER wrapper of each per-call baseline
+    # the ceiling of a function API: a SECURITY DEFINER wrapper of each baseline statement
     ceiling = out.split("ceiling of a function API", 1)[1]
-    for case in ("receive, 1 call/msg, 20% dup", "claim 10 + mark per msg, 1 worker(s)"):
+    for case in (
+        "receive, 1 call/msg, 20% dup",
+        "claim 10 + mark per msg, mark wrapped",
+        "claim 10 + mark per msg, both wrapped",
+        "claim 100 + batch mark, both wrapped",
+    ):
         row = re.search(
             rf"^{re.escape(case)}\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)$", ceiling, re.MULTILINE
         )

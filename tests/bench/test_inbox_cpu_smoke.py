@@ -20,9 +20,14 @@ ROWS = {
     "claim 10 + mark per msg, 1 worker": (
         "SKIP LOCKED + UPDATE",
         "ceiling wrapper",
+        "ceiling, both wrapped",
         "inbox_claim + mark",
     ),
-    "claim 100 + batch mark, 1 worker": ("SKIP LOCKED + UPDATE", "inbox_claim + mark"),
+    "claim 100 + batch mark, 1 worker": (
+        "SKIP LOCKED + UPDATE",
+        "ceiling, both wrapped",
+        "inbox_claim + mark",
+    ),
 }
 
 

@@ -47,9 +47,11 @@ def test_every_case_prints_a_time_per_round_and_a_summary(pg_cluster, dsn: str) 
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
             "SELECT to_regclass('public.plain_inbox'), to_regclass('mailbox.pgb'),"
-            " to_regprocedure('public.ceiling_receive(text)')"
+            " to_regprocedure('public.ceiling_receive(text)'),"
+            " to_regprocedure('public.ceiling_claim(int)'),"
+            " to_regprocedure('public.ceiling_mark_batch(text[])')"
         ).fetchone()
-        assert left == (None, None, None)
+        assert left == (None,) * 5
 
 
 def test_a_wrong_call_prints_the_usage(pg_cluster) -> None:
