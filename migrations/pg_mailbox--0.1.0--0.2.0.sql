@@ -5473,9 +5473,14 @@ BEGIN
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
     -- 1. the candidates, locked (the generated function through its router, as the table
-    -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
-    -- optimisation: what decides is step 2; a settled open claim has just written some)
-    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
+    -- owner); without a lease row in the inbox it skips its lease exclusion (only an
+    -- optimisation: what decides is step 2; a settled open claim has just written some), and
+    -- under SERIALIZABLE it excludes with a lookup per row, never by reading every lease
+    -- (a predicate lock on the whole lease table: part 35, claim builder)
+    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now,
+                  CASE WHEN NOT (v_found.leased OR v_found.open) THEN FALSE
+                       WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable' THEN NULL
+                       ELSE TRUE END);
     IF coalesce(pg_catalog.cardinality(v_rows), 0) = 0 THEN
         PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
@@ -6905,23 +6910,31 @@ $$;
 -- locking a leased message: inbox_claim passes FALSE as $4 when the inbox had no lease row at
 -- all a moment before (the documented claim-and-mark-in-one-transaction pattern writes none),
 -- and then it is skipped (OR stops at the first true arm). A lease committed in between is
--- caught by what decides; the claim then returns fewer rows, which a claim may. A NULL $4
--- excludes.
+-- caught by what decides; the claim then returns fewer rows, which a claim may. TRUE excludes
+-- with the hashed set where there is one (below); NULL always with a lookup per row:
+-- inbox_claim passes NULL under SERIALIZABLE, where reading the whole set (a sequential scan
+-- of mailbox._inbox_lease once the planner expects most of it to be the inbox's) would take a
+-- predicate lock on the whole table, and every transaction writing a lease would then be in
+-- conflict with the claim. (CASE runs one arm, so only the chosen exclusion is evaluated.)
 -- How it excludes (the per-inbox lease views are security barriers, which a join cannot see
 -- into):
---   * without ordering, leased messages are the oldest pending ones (claims take the oldest),
---     so every claim passes over all of them: a NOT IN against the inbox's live leases, read
---     once per claim into an array and hashed (a hashed SubPlan: a hash probe per row passed
---     over, not an index lookup). The array's unnest keeps the planner's estimate of the set
---     at its default for a non-constant array (10 rows), so the plan is always the hashed
---     one, whatever the statistics of the lease table say: a NOT IN over the view itself
---     would fall back to a scan of the whole set per row once the planner expected it to
---     exceed hash_mem. Leases are NOT NULL (primary key), so NOT IN has no NULL surprise.
---     (4,000 leased messages at the head: 2.8-5.3 ms per claim instead of 10.9-17.6 with a
---     lookup per row, docs/benchmarks.md);
---   * an ordered inbox's candidates are a few heads (below), whose aggregates may have many
---     leases between them: one primary-key lookup per candidate (a subquery kept apart by
---     OFFSET 0) reads less than the whole set.
+--   * without ordering or priority, leased messages are the oldest pending ones (claims take
+--     the oldest, and new messages arrive behind them), so every claim passes over all of
+--     them: a NOT IN against the inbox's live leases, read once per claim into an array and
+--     hashed (a hashed SubPlan: a hash probe per row passed over, not an index lookup). The
+--     array's unnest keeps the planner's estimate of the set at its default for a
+--     non-constant array (10 rows), so the plan is always the hashed one, whatever the
+--     statistics of the lease table say: a NOT IN over the view itself would fall back to a
+--     scan of the whole set per row once the planner expected it to exceed hash_mem. Leases
+--     are NOT NULL (primary key); an adopted table's id may be NULL (a UNIQUE column), and
+--     such a row is not leased, as before (IS NULL OR: NULL NOT IN a set is NULL). (4,000
+--     leased messages at the head: 5.9 ms per claim of 10 + batch mark instead of 11.7 with
+--     a lookup per row, docs/benchmarks.md);
+--   * with priority, a message of a better priority arrives ahead of the leased ones, which
+--     a claim then need not pass, and an ordered inbox's candidates are a few heads (below),
+--     whose aggregates may have many leases between them: reading the whole set would cost
+--     more than one primary-key lookup per row (a subquery kept apart by OFFSET 0): 12.9 ms
+--     against 1.6 for a claim of 10 priority-1 messages with 20,000 priority-9 ones leased.
 -- The array takes the rows as the locking scan returns them, in the subquery's order (an empty array
 -- when there are none): no window, aggregate or sort of whole messages on top, which cost
 -- about a third of the function. (So the rows keep the order in which they were sorted
@@ -6954,14 +6967,17 @@ AS $$
             || mailbox._inbox_col(c, 'received_at'),
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'retry_count',
         mailbox._inbox_build_claim_heads(p_inbox),
-        pg_catalog.format(CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN $x$t.%2$I::pg_catalog.text NOT IN (
+        CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL OR p_inbox.priority_tiers IS NOT NULL THEN lookup
+             ELSE pg_catalog.format($x$CASE WHEN $4 THEN t.%2$I IS NULL OR t.%2$I::pg_catalog.text NOT IN (
                                     SELECT pg_catalog.unnest(ARRAY(SELECT l.event_id FROM %1$s AS l
-                                     WHERE l.lease_until > $3 OR l.next_attempt_at > $3)))$x$
-        ELSE $x$NOT EXISTS (SELECT 1 FROM %1$s AS l
+                                     WHERE l.lease_until > $3 OR l.next_attempt_at > $3)))
+                        ELSE %3$s END$x$, mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id', lookup) END)
+      FROM (SELECT p_inbox.columns AS c,
+                   -- the lookup per row (ordering, priority, and TRUE's alternative)
+                   pg_catalog.format($x$NOT EXISTS (SELECT 1 FROM %1$s AS l
                                     WHERE l.event_id = t.%2$I::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)$x$ END,
-            mailbox._inbox_lease_sql(p_inbox), c ->> 'event_id'))
-      FROM (SELECT p_inbox.columns AS c) AS x;
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)$x$,
+                                     mailbox._inbox_lease_sql(p_inbox), p_inbox.columns ->> 'event_id') AS lookup) AS x;
 $$;
 
 -- sql/functions/35_inbox_codegen.sql

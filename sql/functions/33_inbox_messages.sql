@@ -182,9 +182,14 @@ BEGIN
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
     -- 1. the candidates, locked (the generated function through its router, as the table
-    -- owner); without a lease row in the inbox it skips its per-row lease probes (only an
-    -- optimisation: what decides is step 2; a settled open claim has just written some)
-    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now, v_found.leased OR v_found.open);
+    -- owner); without a lease row in the inbox it skips its lease exclusion (only an
+    -- optimisation: what decides is step 2; a settled open claim has just written some), and
+    -- under SERIALIZABLE it excludes with a lookup per row, never by reading every lease
+    -- (a predicate lock on the whole lease table: part 35, claim builder)
+    v_rows := mailbox._inbox_route_claim(v_inbox, p_batch_size, v_now,
+                  CASE WHEN NOT (v_found.leased OR v_found.open) THEN FALSE
+                       WHEN pg_catalog.current_setting('transaction_isolation') = 'serializable' THEN NULL
+                       ELSE TRUE END);
     IF coalesce(pg_catalog.cardinality(v_rows), 0) = 0 THEN
         PERFORM mailbox._inbox_wait(v_inbox.inbox_key, p_worker, TRUE); -- nothing: wake me (part 33, wake-ups)
         RETURN;
