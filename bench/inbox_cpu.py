@@ -40,8 +40,18 @@ higher than on the Intel Xeon of 2026-11-28's second session (docs/benchmarks.md
 self time per message from pg_stat_user_functions (timing every call adds its own overhead:
 read the shares, not the sums).
 
+--statements adds where the server time of both claim cases goes, statement by statement, on
+both sides: in a private cluster of its own (pg_stat_statements needs shared_preload_libraries,
+which a running server cannot take), one worker drains --messages messages per case and side
+with pg_stat_statements.track = 'all', and the table lists each statement that ran at least once
+per batch: its execution time per message, its calls per message and whether the client sent
+it or the commit's deferred trigger ran it (top) or a function ran it (nested; a nested
+statement's time is also in its caller's). The
+worker's own backend CPU per message heads each side; the difference between a side's top-level
+times and that CPU is what no statement counts (parse, bind, the protocol, the commit).
+
 Usage: python bench/inbox_cpu.py --dsn postgresql://postgres@127.0.0.1:5432/postgres
-       [--messages 4000] [--rounds 9] [--functions] [--no-pin] [--quick]
+       [--messages 4000] [--rounds 9] [--functions] [--statements] [--no-pin] [--quick]
 The DSN's user must be allowed to CREATE DATABASE; pg_mailbox must be installed. --quick is
 a smoke run (tiny sizes; the numbers mean nothing).
 """
@@ -254,12 +264,79 @@ def function_times(db, dsn, n):
     raise RuntimeError("no function statistics arrived")
 
 
+def statement_times(n, pin):
+    """[(case, side, backend CPU µs per message, [(µs per message, calls per message, top,
+    statement)])] of one drain per case and side, in a private cluster that preloads
+    pg_stat_statements (track = 'all': statements that functions run are counted too)."""
+    from pg_mailbox.cluster import Cluster  # the client package (pip install -e .)
+
+    settings = {
+        "shared_preload_libraries": "pg_stat_statements",
+        "pg_stat_statements.track": "all",
+        "pg_stat_statements.max": "1000",
+        "autovacuum": "off",
+    }
+    out = []
+    with Cluster(settings=settings) as cluster:
+        dsn = cluster.dsn()
+        with ib.connect(dsn) as db:
+            db.execute("CREATE EXTENSION pg_stat_statements")
+            db.execute("CREATE EXTENSION pg_mailbox CASCADE")
+            db.execute(f"SELECT mailbox.create_inbox('{INBOX}')")
+            db.execute(ib.PLAIN_TABLE)
+            for label, batch, per_message in (
+                ("claim 10 + mark per msg", 10, True),
+                ("claim 100 + batch mark", 100, False),
+            ):
+                sides = (
+                    (
+                        "SKIP LOCKED + UPDATE",
+                        "public.plain_inbox",
+                        lambda c, b, batch=batch, pm=per_message: ib.drain_plain(
+                            c, batch, pm, batches=b
+                        ),
+                    ),
+                    (
+                        "inbox_claim + mark",
+                        f"mailbox.{INBOX}",
+                        lambda c, b, batch=batch, pm=per_message: ib.drain_mailbox(
+                            c, INBOX, "w", batch, pm, batches=b
+                        ),
+                    ),
+                )
+                for side, table, drain in sides:
+                    db.execute(f"TRUNCATE {table}")
+                    db.execute("DELETE FROM mailbox._inbox_lease")
+                    ib.fill(db, table, n + WARM_BATCHES * batch)
+                    db.execute("CHECKPOINT")
+                    backend = Backend(dsn, autocommit=False, pin=pin)
+                    drain(backend.conn, WARM_BATCHES)  # plans and caches, not counted
+                    db.execute("SELECT pg_stat_statements_reset()")
+                    before = backend.cpu_ns()
+                    drain(backend.conn, n // batch)
+                    cpu = (backend.cpu_ns() - before) / n / 1000
+                    backend.close()
+                    rows = db.execute(
+                        "SELECT total_exec_time * 1000 / %s, calls::float8 / %s, toplevel,"
+                        " regexp_replace(query, '\\s+', ' ', 'g')"
+                        " FROM pg_stat_statements"
+                        " WHERE dbid = (SELECT oid FROM pg_database"
+                        "               WHERE datname = current_database())"
+                        "   AND calls >= %s AND query !~* '^(BEGIN|COMMIT)'"
+                        " ORDER BY total_exec_time DESC",
+                        [n, n, n // batch],
+                    ).fetchall()
+                    out.append((label, side, cpu, rows))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--functions", action="store_true")
+    parser.add_argument("--statements", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--no-pin",
@@ -336,6 +413,7 @@ def main():
         )
         functions = function_times(db, dsn, n) if args.functions else []
         db.close()
+        statements = statement_times(n, pin) if args.statements else []
     finally:
         with ib.connect(args.dsn) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
@@ -369,6 +447,17 @@ def main():
         print(f"{'function':<36} {'calls':>8} {'us/msg':>8}")
         for name, calls, per in functions:
             print(f"{name:<36} {calls:>8,} {per:>8.2f}")
+    if statements:
+        print(f"\nstatements, one drain of {n:,} messages per case and side (a private cluster,")
+        print("pg_stat_statements.track = 'all'; us and calls per message; top: sent by the")
+        print("client, or run by the commit's deferred trigger; nested: run by a function, its")
+        print("time also counted in its caller's; BEGIN and COMMIT left out)")
+        for label, side, cpu, rows in statements:
+            print(f"{label} / {side}: backend CPU {cpu:.1f} us/msg")
+            print(f"  {'us/msg':>8} {'calls/msg':>9} {'level':<6} statement")
+            for per, calls, top, query in rows:
+                level = "top" if top else "nested"
+                print(f"  {per:>8.2f} {calls:>9.2f} {level:<6} {query[:100]}")
     print(f"\ntotal run time {time.perf_counter() - started:.0f} s")
 
 

@@ -3,11 +3,14 @@
 A smoke run with tiny sizes (the numbers mean nothing) against the test cluster, which runs
 on this machine (the script reads its backends' /proc entries). Each claim variant checks
 that it drained its table; the baseline of each case prints a ratio of exactly 1.00; every
-row has a WAL figure.
+row has a WAL figure. --statements starts a private cluster with pg_stat_statements and lists,
+for both claim cases and both sides, the statements each ran (the marks' UPDATE nested in
+pg_mailbox's functions).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -33,7 +36,7 @@ ROWS = {
 
 def test_inbox_cpu_quick_prints_every_variant(dsn: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--functions", "--dsn", dsn],
+        [sys.executable, str(BENCH), "--quick", "--functions", "--statements", "--dsn", dsn],
         capture_output=True,
         text=True,
         timeout=300,
@@ -56,3 +59,25 @@ def test_inbox_cpu_quick_prints_every_variant(dsn: str) -> None:
     for fn in ("inbox_mark_processed", "inbox_claim"):
         row = re.search(rf"^{fn}\s+([\d,]+)\s+([\d.]+)$", out, re.MULTILINE)
         assert row and int(row.group(1).replace(",", "")) > 0, f"no function row {fn}:\n{out}"
+    # --statements: each side of each claim case, with its backend CPU and its statements
+    for case in ("claim 10 + mark per msg", "claim 100 + batch mark"):
+        for side in ("SKIP LOCKED + UPDATE", "inbox_claim + mark"):
+            head = re.search(
+                rf"^{re.escape(case)} / {re.escape(side)}: backend CPU ([\d.]+) us/msg$",
+                out,
+                re.MULTILINE,
+            )
+            assert head and float(head.group(1)) > 0, f"no statements for {case} / {side}:\n{out}"
+        # the lines of pg_mailbox's side of this case: indented, up to the next heading
+        after = out.split(f"{case} / inbox_claim + mark:")[1].splitlines()[1:]
+        section = "\n".join(
+            line for line in itertools.takewhile(lambda x: x.startswith(" "), after)
+        )
+        assert re.search(
+            r"^\s+[\d.]+\s+[\d.]+ top\s+SELECT mailbox.inbox_mark_processed", section, re.M
+        )
+        assert re.search(
+            r"^\s+[\d.]+\s+[\d.]+ nested UPDATE mailbox\.cpu|nested WITH d AS \( UPDATE",
+            section,
+            re.M,
+        ), section
