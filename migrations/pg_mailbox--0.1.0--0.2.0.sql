@@ -7050,8 +7050,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled', 'receive_named',
-                                                      'processed_named']) AS kind);
+                                                      'processed_batch', 'processed_count', 'unsettled',
+                                                      'receive_named', 'processed_named']) AS kind);
 $$;
 
 CREATE OR REPLACE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -7113,7 +7113,8 @@ BEGIN
     END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
             pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
-            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch')
+            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch',
+                                'processed_count')
                  THEN pg_catalog.format($c$
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s%s
        OR ($1).columns OPERATOR(pg_catalog.<>) %s::pg_catalog.jsonb THEN
@@ -7304,6 +7305,21 @@ BEGIN
         INTO v_done
         USING $1, $2;
     RETURN v_done;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION mailbox._inbox_dispatch_processed_count(mailbox._inbox, text[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_processed_count')
+        INTO v_count
+        USING $1, $2;
+    RETURN v_count;
 END
 $$;
 
@@ -7675,8 +7691,9 @@ $$;
 -- EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL parses and plans on
 -- every call: about a quarter of what a single receive costs on the server, and more than
 -- the lookup itself when a claim settles at commit. Instead, each kind the data plane calls
--- (receive, claim, processed, failed, receive_batch, processed_batch, unsettled; only the
--- control plane's query stays dynamic) has a router, a one-expression SQL function
+-- (receive, claim, processed, failed, receive_batch, processed_batch, processed_count,
+-- unsettled; only the control plane's query stays dynamic) has a router, a one-expression SQL
+-- function
 --
 --     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
 --                 WHEN ...
@@ -7717,6 +7734,7 @@ AS $$
            ('failed', 'text, text', 3, 'mailbox._inbox_attempt'),
            ('receive_batch', 'jsonb', 2, 'boolean[]'),
            ('processed_batch', 'text[]', 2, 'mailbox._inbox_done[]'),
+           ('processed_count', 'text[]', 2, 'bigint'),
            ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
@@ -7853,6 +7871,11 @@ RETURNS mailbox._inbox_done[]
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT mailbox._inbox_dispatch_processed_batch($1, $2)$$;
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_count(mailbox._inbox, text[])
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_processed_count($1, $2)$$;
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_route_unsettled(mailbox._inbox, text[])
 RETURNS text[]
 LANGUAGE sql VOLATILE SECURITY INVOKER
@@ -7872,7 +7895,7 @@ AS $$SELECT mailbox._inbox_dispatch_unsettled($1, $2)$$;
 -- this inbox's own key). inbox_mark_failed's batch form runs the per-message logic for each
 -- id in turn (failures are rare; one code path keeps the fencing rules of part 33 exact).
 
--- (Re)generates an inbox's two batch functions from its catalog row (called by
+-- (Re)generates an inbox's batch functions from its catalog row (called by
 -- _inbox_generate, part 35).
 CREATE OR REPLACE FUNCTION mailbox._inbox_generate_batch(p_inbox mailbox._inbox)
 RETURNS void
@@ -7999,6 +8022,27 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
+
+    -- processed_count(row, ids): the same mark returning only how many it marked, for
+    -- inbox_mark_processed when the ids are exactly a claim of its transaction on an unordered
+    -- inbox (part 37, batch api): no lease to end, no ordering state, so nothing it marked need
+    -- come back. A plain UPDATE, the ordering read again after it (in READ COMMITTED a later
+    -- statement's snapshot postdates the lock the UPDATE may have waited for, as that
+    -- statement's own does): a CTE returning a row per message, aggregated, cost 30-40 us a
+    -- batch of 100 more (docs/benchmarks.md)
+    PERFORM mailbox._inbox_define(p_inbox, 'processed_count', 'text[]', 'bigint', $d$
+    v_result pg_catalog.int8;
+    v_ordered pg_catalog.bool;$d$,
+        pg_catalog.format($b$
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
+     WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL;
+    GET DIAGNOSTICS v_result = ROW_COUNT;
+    IF v_result > 0 THEN
+        v_ordered := %5$s;
+    END IF;%6$s
+    RETURN v_result;$b$,
+        v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
         mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
@@ -8135,6 +8179,19 @@ BEGIN
     END IF;
     IF pg_catalog.cardinality(p_event_ids) = 0 THEN
         RETURN 0;
+    END IF;
+    -- A worker marking exactly the batch it claimed in this transaction, from an unordered
+    -- inbox (the documented pattern): that claim is settled by deleting it, its messages have
+    -- no lease rows to end (part 37, claim settle) and there is no ordering state to keep, so
+    -- the generated mark returns only how many it marked. (An exact match is one index probe;
+    -- the containment test below initialises a hashed subplan even when it is not needed. A
+    -- transaction has at most one open claim per inbox: a claim settles the earlier ones.)
+    IF v_inbox.ordering_first_sequence IS NULL THEN
+        DELETE FROM mailbox._inbox_open_claim AS o
+         WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+        IF FOUND THEN
+            RETURN mailbox._inbox_route_processed_count(v_inbox, p_event_ids); -- part 35, routes
+        END IF;
     END IF;
     v_done := mailbox._inbox_route_processed_batch(v_inbox, p_event_ids); -- part 35, routes
     IF v_done IS NULL THEN

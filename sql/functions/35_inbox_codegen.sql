@@ -67,8 +67,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ARRAY(SELECT '_inbox_' || p_inbox.inbox_key || '_' || kind
                    FROM pg_catalog.unnest(ARRAY['receive', 'claim', 'processed', 'failed', 'query', 'receive_batch',
-                                                      'processed_batch', 'unsettled', 'receive_named',
-                                                      'processed_named']) AS kind);
+                                                      'processed_batch', 'processed_count', 'unsettled',
+                                                      'receive_named', 'processed_named']) AS kind);
 $$;
 
 CREATE FUNCTION mailbox._inbox_drop_functions(p_inbox mailbox._inbox)
@@ -130,7 +130,8 @@ BEGIN
     END IF;%5$s%4$s
 END$b$, p_declare, pg_catalog.quote_literal(v_owner),
             pg_catalog.quote_literal(pg_catalog.format('%s of inbox %s', p_kind, p_inbox.inbox_name)), p_body,
-            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch')
+            CASE WHEN p_kind IN ('receive', 'receive_batch', 'claim', 'processed', 'processed_batch',
+                                'processed_count')
                  THEN pg_catalog.format($c$
     IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) %s%s
        OR ($1).columns OPERATOR(pg_catalog.<>) %s::pg_catalog.jsonb THEN

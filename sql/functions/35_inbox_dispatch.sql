@@ -97,6 +97,21 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION mailbox._inbox_dispatch_processed_count(mailbox._inbox, text[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, mailbox, pg_temp
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT mailbox.%I($1, $2)', '_inbox_' || ($1).inbox_key || '_processed_count')
+        INTO v_count
+        USING $1, $2;
+    RETURN v_count;
+END
+$$;
+
 CREATE FUNCTION mailbox._inbox_dispatch_unsettled(mailbox._inbox, text[])
 RETURNS text[]
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER

@@ -5,8 +5,9 @@
 -- EXECUTE 'SELECT mailbox._inbox_<key>_<kind>(...)', which PostgreSQL parses and plans on
 -- every call: about a quarter of what a single receive costs on the server, and more than
 -- the lookup itself when a claim settles at commit. Instead, each kind the data plane calls
--- (receive, claim, processed, failed, receive_batch, processed_batch, unsettled; only the
--- control plane's query stays dynamic) has a router, a one-expression SQL function
+-- (receive, claim, processed, failed, receive_batch, processed_batch, processed_count,
+-- unsettled; only the control plane's query stays dynamic) has a router, a one-expression SQL
+-- function
 --
 --     SELECT CASE WHEN ($1).inbox_key OPERATOR(pg_catalog.=) 1 THEN mailbox._inbox_1_receive($1, ...)
 --                 WHEN ...
@@ -47,6 +48,7 @@ AS $$
            ('failed', 'text, text', 3, 'mailbox._inbox_attempt'),
            ('receive_batch', 'jsonb', 2, 'boolean[]'),
            ('processed_batch', 'text[]', 2, 'mailbox._inbox_done[]'),
+           ('processed_count', 'text[]', 2, 'bigint'),
            ('unsettled', 'text[]', 2, 'text[]');
 $$;
 
@@ -182,6 +184,11 @@ CREATE FUNCTION mailbox._inbox_route_processed_batch(mailbox._inbox, text[])
 RETURNS mailbox._inbox_done[]
 LANGUAGE sql VOLATILE SECURITY INVOKER
 AS $$SELECT mailbox._inbox_dispatch_processed_batch($1, $2)$$;
+
+CREATE FUNCTION mailbox._inbox_route_processed_count(mailbox._inbox, text[])
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+AS $$SELECT mailbox._inbox_dispatch_processed_count($1, $2)$$;
 
 CREATE FUNCTION mailbox._inbox_route_unsettled(mailbox._inbox, text[])
 RETURNS text[]

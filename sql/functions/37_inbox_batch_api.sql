@@ -118,6 +118,19 @@ BEGIN
     IF pg_catalog.cardinality(p_event_ids) = 0 THEN
         RETURN 0;
     END IF;
+    -- A worker marking exactly the batch it claimed in this transaction, from an unordered
+    -- inbox (the documented pattern): that claim is settled by deleting it, its messages have
+    -- no lease rows to end (part 37, claim settle) and there is no ordering state to keep, so
+    -- the generated mark returns only how many it marked. (An exact match is one index probe;
+    -- the containment test below initialises a hashed subplan even when it is not needed. A
+    -- transaction has at most one open claim per inbox: a claim settles the earlier ones.)
+    IF v_inbox.ordering_first_sequence IS NULL THEN
+        DELETE FROM mailbox._inbox_open_claim AS o
+         WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+        IF FOUND THEN
+            RETURN mailbox._inbox_route_processed_count(v_inbox, p_event_ids); -- part 35, routes
+        END IF;
+    END IF;
     v_done := mailbox._inbox_route_processed_batch(v_inbox, p_event_ids); -- part 35, routes
     IF v_done IS NULL THEN
         RETURN 0;

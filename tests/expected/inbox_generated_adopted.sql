@@ -149,6 +149,46 @@ BEGIN
     RETURN v_result;
 END$function$
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_count(mailbox._inbox, text[])
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.int8;
+    v_ordered pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) '<owner>'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_count of inbox legacy', '<owner>'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) TRUE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"event_id": "id", "received_at": "got", "retry_count": "tries", "processed_at": "done"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp()
+     WHERE t.id = ANY ($2) AND t.done IS NULL;
+    GET DIAGNOSTICS v_result = ROW_COUNT;
+    IF v_result > 0 THEN
+        v_ordered := (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL;
+    END IF;
+    IF v_ordered THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This mark read the inbox before the change committed, then waited for the change''s lock and ran the old configuration''s code.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    RETURN v_result;
+END$function$
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_query(mailbox._inbox, text, bigint[], text[])
  RETURNS jsonb
  LANGUAGE plpgsql

@@ -152,6 +152,38 @@ BEGIN
     RETURN v_result;
 END$function$
 
+CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_count(mailbox._inbox, text[])
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_result pg_catalog.int8;
+    v_ordered pg_catalog.bool;
+BEGIN
+    IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
+        RAISE EXCEPTION 'inbox function % must run as %', 'processed_count of inbox gen', 'postgres'::pg_catalog.name
+            USING ERRCODE = '42501',
+                  DETAIL = pg_catalog.format('It runs as %s: it was not called by pg_mailbox, or its owner or SECURITY DEFINER property was changed.',
+                                             CURRENT_USER),
+                  HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
+    END IF;
+    IF (($1).ordering_first_sequence IS NULL) OPERATOR(pg_catalog.<>) FALSE
+       OR ($1).columns OPERATOR(pg_catalog.<>) '{"error": "error", "source": "source", "headers": "headers", "payload": "payload", "event_id": "event_id", "priority": "priority", "trace_id": "trace_id", "event_type": "event_type", "received_at": "received_at", "retry_count": "retry_count", "aggregate_id": "aggregate_id", "processed_at": "processed_at", "sequence_num": "sequence_num"}'::pg_catalog.jsonb THEN
+        RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
+            USING ERRCODE = '40001',
+                  DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
+                  HINT = 'Retry the transaction: the next one uses the new configuration.';
+    END IF;
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
+     WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL;
+    GET DIAGNOSTICS v_result = ROW_COUNT;
+    IF v_result > 0 THEN
+        v_ordered := FALSE;
+    END IF;
+    RETURN v_result;
+END$function$
+
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text)
  RETURNS boolean
  LANGUAGE plpgsql

@@ -66,6 +66,95 @@ def test_claim_and_mark_in_one_transaction_write_no_lease(q, connect):
     assert scalar(q, "SELECT count(*) FROM mailbox.q WHERE processed_at IS NULL") == 0
 
 
+def calls_in_transaction(conn, inbox, kinds):
+    """{kind: calls of the inbox's generated _inbox_<key>_<kind> in this transaction so far}
+    (the connection sets track_functions = 'all')."""
+    key = scalar(conn, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = %s", [inbox])
+    return {
+        k: scalar(
+            conn,
+            "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0)",
+            [f"mailbox._inbox_{key}_{k}(mailbox._inbox,text[])"],
+        )
+        for k in kinds
+    }
+
+
+MARK_KINDS = ("processed_count", "processed_batch")
+
+
+def test_a_batch_mark_of_exactly_the_claim_settles_it_and_counts_what_it_marked(q, connect):
+    """The documented worker (claim, process, mark the batch it claimed, commit) on an
+    unordered inbox: the mark ends the open claim with one exact match and runs the generated
+    mark that returns only a count (part 37, batch api). It counts only what it marked (one
+    message marked alone before), leaves no open claim and no lease, and the next claim goes
+    on after the marked messages."""
+    for i in range(5):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    w.execute("SET track_functions = 'all'")
+    got = claim(w, "q", batch=3)
+    assert got == ["m0", "m1", "m2"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', 'm1')") is True
+    # the ids in the claim's order, as a worker sends back what it got
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', %s::text[])", [got]) == 2
+    assert calls_in_transaction(w, "q", MARK_KINDS) == {"processed_count": 1, "processed_batch": 0}
+    assert scalar(w, "SELECT count(*) FROM mailbox._inbox_open_claim") == 0
+    w.commit()
+    assert leases(q) == []
+    assert scalar(q, "SELECT count(*) FROM mailbox.q WHERE processed_at IS NOT NULL") == 3
+    assert claim(connect(), "q", "other") == ["m3", "m4"]
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [["m0", "m1"], ["m0", "m1", "m2", "m3"], ["m2", "m1", "m0"], ["m0", "m1", "m1", "m2"]],
+    ids=["subset", "superset", "reordered", "repeated"],
+)
+def test_a_batch_mark_that_is_not_exactly_the_claim_takes_the_general_path(q, connect, ids):
+    """Only the claim's ids in its order take the count-only mark; a subset, a superset, another
+    order or a repeated id go the general way (what it marked comes back, leases of what it
+    marked are ended) and settle the claim as before: what the mark covered is processed,
+    what is left of the claim is leased to the claimer at commit."""
+    for i in range(4):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    w.execute("SET track_functions = 'all'")
+    assert claim(w, "q", batch=3) == ["m0", "m1", "m2"]
+    marked = scalar(w, "SELECT mailbox.inbox_mark_processed('q', %s::text[])", [ids])
+    assert marked == len(set(ids))
+    assert calls_in_transaction(w, "q", MARK_KINDS) == {"processed_count": 0, "processed_batch": 1}
+    w.commit()
+    left = sorted({"m0", "m1", "m2"} - set(ids))
+    assert [r[0] for r in leases(q)] == left
+    assert scalar(q, "SELECT count(*) FROM mailbox._inbox_open_claim") == 0
+
+
+def test_a_batch_mark_of_an_ordered_claim_takes_the_general_path(db, connect):
+    """An ordered inbox's claim writes its leases at once and its mark keeps the aggregates'
+    positions: the exact match finds no open claim, so the mark goes the general way."""
+    db.execute("SELECT mailbox.create_inbox('o')")
+    db.execute("SELECT mailbox.enable_inbox_ordering('o')")
+    for s in (1, 2):
+        db.execute(
+            "SELECT mailbox.inbox_receive('o', %s, '{}', p_aggregate_id => 'A',"
+            " p_sequence_num => %s)",
+            [f"a{s}", s],
+        )
+    db.execute(
+        "SELECT mailbox.inbox_receive('o', 'b1', '{}', p_aggregate_id => 'B', p_sequence_num => 1)"
+    )
+    w = connect(autocommit=False)
+    w.execute("SET track_functions = 'all'")
+    got = claim(w, "o", batch=10)
+    assert got == ["a1", "b1"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('o', %s::text[])", [got]) == 2
+    assert calls_in_transaction(w, "o", MARK_KINDS) == {"processed_count": 0, "processed_batch": 1}
+    w.commit()
+    assert leases(db) == []
+    assert claim(connect(), "o", "other") == ["a2"]
+
+
 def test_what_is_left_at_commit_is_leased_to_the_claimer(q, connect):
     for i in range(3):
         receive(q, "q", f"m{i}")

@@ -47,6 +47,7 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
             "failed",
             "processed",
             "processed_batch",
+            "processed_count",
             "processed_named",  # a managed inbox's only (part 35, named receive)
             "query",
             "receive",
@@ -87,7 +88,8 @@ def test_adopted_inbox_gets_them_owned_by_the_table_owner_and_drop_keeps_only_th
     adopt_legacy(db, owner)
     k = key(db, "legacy")
     got = rows(db, GENERATED, [str(k)])
-    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 8
+    # every kind but the two named ones, which only a managed inbox has
+    assert [(r[1], r[3], r[4]) for r in got] == [(True, False, owner)] * 9
     # so are its views; the per-inbox state views stay the extension's, readable by the owner
     assert {
         r[0] for r in rows(db, "SELECT viewowner FROM pg_views WHERE viewname LIKE '%%legacy'")
@@ -240,7 +242,16 @@ def test_generated_code_of_an_adopted_inbox_is_the_expected_one(db):
 
 # ---------------------------------------------------------------- routers (part 35, routes)
 ROUTER_SRC = "SELECT prosrc FROM pg_proc WHERE oid = %s::regproc"
-KINDS = ("receive", "claim", "processed", "failed", "receive_batch", "processed_batch", "unsettled")
+KINDS = (
+    "receive",
+    "claim",
+    "processed",
+    "failed",
+    "receive_batch",
+    "processed_batch",
+    "processed_count",
+    "unsettled",
+)
 ROUTERS = tuple(f"mailbox._inbox_route_{kind}" for kind in KINDS)
 
 
@@ -251,7 +262,8 @@ def routed_keys(db, kind):
 
 def round_trip(conn, inbox, event_id):
     """receive, claim and mark one message, then the batch forms and a failure: every kind
-    goes through its router (the claims' commits settle through unsettled)"""
+    goes through its router (the claims' commits settle through unsettled; a batch mark of the
+    batch its transaction claimed, through processed_count)"""
     assert conn.execute("SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, event_id]).fetchone()[
         0
     ]
@@ -277,6 +289,14 @@ def round_trip(conn, inbox, event_id):
         (batch,)
     ]
     assert scalar(conn, "SELECT mailbox.inbox_mark_processed(%s, ARRAY[%s])", [inbox, batch]) == 1
+    # a batch mark of exactly what its transaction claimed: the count-only mark
+    last = event_id + "-c"
+    assert scalar(conn, "SELECT mailbox.inbox_receive(%s, %s, '{}')", [inbox, last]) is True
+    with conn.transaction():
+        got = rows(conn, "SELECT event_id FROM mailbox.inbox_claim(%s, 'w', 10)", [inbox])
+        assert got == [(last,)]
+        marked = scalar(conn, "SELECT mailbox.inbox_mark_processed(%s, ARRAY[%s])", [inbox, last])
+        assert marked == 1
 
 
 def test_routers_name_every_inbox_and_split_past_eight(db):
@@ -325,7 +345,7 @@ def test_an_inbox_without_an_arm_takes_the_dynamic_call(db):
         assert routed_keys(db, kind) == []
     round_trip(db, "plain", "x")
     # maintenance puts the arms back, once
-    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 7
+    assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 8
     assert routed_keys(db, "receive") == [key(db, "plain")]
     assert scalar(db, "SELECT mailbox.run_maintenance() -> 'inbox_routes_rebuilt'") == 0
     round_trip(db, "plain", "y")

@@ -82,6 +82,7 @@ def test_every_function_has_a_pinned_search_path(db):
         "mailbox._inbox_route_named_version(text)",
         "mailbox._inbox_route_processed(mailbox._inbox,text)",
         "mailbox._inbox_route_processed_batch(mailbox._inbox,text[])",
+        "mailbox._inbox_route_processed_count(mailbox._inbox,text[])",
         "mailbox._inbox_route_processed_named(text,text)",
         "mailbox._inbox_route_receive(mailbox._inbox,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._inbox_route_receive_batch(mailbox._inbox,jsonb)",
@@ -98,7 +99,7 @@ def test_the_routers_name_nothing_a_search_path_could_redirect(db):
     for i in range(10):
         db.execute(f"SELECT mailbox.create_inbox('route{i}')")
     kinds = [r[0] for r in rows(db, "SELECT kind FROM mailbox._inbox_route_kinds()")]
-    assert len(kinds) == 7
+    assert len(kinds) == 8
     token = re.compile(
         r"SELECT|CASE|WHEN|THEN|ELSE|END|\(\$1\)\.inbox_key|OPERATOR\(pg_catalog\.[=<]\)|\d+"
         rf"|mailbox\._inbox_(?:\d+|dispatch)_(?:{'|'.join(kinds)})\((?:\$\d+, )*\$\d+\)|\s+"

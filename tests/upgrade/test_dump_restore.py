@@ -67,10 +67,10 @@ def check_round_trip(db, dsn, pg_cluster, fmt, tmp_path):
                 assert after[name] == before[name], name
             # the routers come back arm-less (every call dynamic), and the named receives name
             # the dumped tables' oids; maintenance's step puts back exactly the original's
-            # routers: the 7 key routers and 2 of the 3 named ones (part 35, named receive;
+            # routers: the 8 key routers and 2 of the 3 named ones (part 35, named receive;
             # the state's one managed inbox is ordered, so the named mark's router has no arm)
             routers = db.execute(ROUTERS).fetchall()
-            assert scalar(restored, "SELECT mailbox._inbox_refresh_routes()") == 9
+            assert scalar(restored, "SELECT mailbox._inbox_refresh_routes()") == 10
             assert restored.execute(ROUTERS).fetchall() == routers
             got = exercise(restored)
     expected = exercise(db)
