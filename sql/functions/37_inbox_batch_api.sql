@@ -107,6 +107,7 @@ DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'process');
     v_done mailbox._inbox_done[];
     v_exact boolean;
+    v_count bigint;
 BEGIN
     PERFORM mailbox._require(p_event_ids, 'p_event_ids');
     IF pg_catalog.array_position(p_event_ids, NULL) IS NOT NULL THEN
@@ -119,16 +120,23 @@ BEGIN
         RETURN 0;
     END IF;
     -- A worker marking exactly the batch it claimed in this transaction, from an unordered
-    -- inbox (the documented pattern): that claim is settled by deleting it, its messages have
-    -- no lease rows to end (part 37, claim settle) and there is no ordering state to keep, so
-    -- the generated mark returns only how many it marked. (An exact match is one index probe;
-    -- the containment test below initialises a hashed subplan even when it is not needed. A
+    -- inbox (the documented pattern): its messages have no lease rows to end (part 37, claim
+    -- settle) and there is no ordering state to keep, so the generated mark returns only how
+    -- many it marked; then, as in the general path below, the claim is settled by deleting
+    -- it if the mark marked something, and left to its commit if it marked nothing (a table
+    -- owner's trigger can refuse every row). (An exact match is an index probe; the
+    -- containment test below initialises a hashed subplan even when it is not needed. A
     -- transaction has at most one open claim per inbox: a claim settles the earlier ones.)
     IF v_inbox.ordering_first_sequence IS NULL THEN
-        DELETE FROM mailbox._inbox_open_claim AS o
-         WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+        SELECT mailbox._inbox_route_processed_count(v_inbox, p_event_ids) INTO v_count -- part 35, routes
+         WHERE EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o
+                        WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids);
         IF FOUND THEN
-            RETURN mailbox._inbox_route_processed_count(v_inbox, p_event_ids); -- part 35, routes
+            IF v_count > 0 THEN
+                DELETE FROM mailbox._inbox_open_claim AS o
+                 WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+            END IF;
+            RETURN v_count;
         END IF;
     END IF;
     v_done := mailbox._inbox_route_processed_batch(v_inbox, p_event_ids); -- part 35, routes

@@ -106,6 +106,30 @@ def test_a_batch_mark_of_exactly_the_claim_settles_it_and_counts_what_it_marked(
     assert claim(connect(), "q", "other") == ["m3", "m4"]
 
 
+@pytest.mark.parametrize("ids", [["m0", "m1"], ["m1", "m0"]], ids=["exact", "reordered"])
+def test_a_batch_mark_that_marked_nothing_leaves_the_claim_to_its_commit(q, connect, ids):
+    """A table owner's trigger can refuse every row a mark updates: the mark returns 0 and the
+    messages stay pending. Then, on either path, the claim is not settled by the mark: its
+    commit leases the messages to the claimer, so no other worker gets them before the
+    visibility timeout (found by a review: the count-only mark deleted the claim first)."""
+    q.execute(
+        "CREATE FUNCTION public.refuse_all() RETURNS trigger LANGUAGE plpgsql"
+        " AS $$BEGIN RETURN NULL; END$$"
+    )
+    q.execute(
+        "CREATE TRIGGER refuse_all BEFORE UPDATE ON mailbox.q"
+        " FOR EACH ROW EXECUTE FUNCTION public.refuse_all()"
+    )
+    for i in range(3):
+        receive(q, "q", f"m{i}")
+    w = connect(autocommit=False)
+    assert claim(w, "q", batch=2) == ["m0", "m1"]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', %s::text[])", [ids]) == 0
+    w.commit()
+    assert [(r[0], r[1]) for r in leases(q)] == [("m0", "w"), ("m1", "w")]
+    assert claim(connect(), "q", "other") == ["m2"]
+
+
 @pytest.mark.parametrize(
     "ids",
     [["m0", "m1"], ["m0", "m1", "m2", "m3"], ["m2", "m1", "m0"], ["m0", "m1", "m1", "m2"]],
