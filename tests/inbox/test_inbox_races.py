@@ -891,6 +891,55 @@ def test_a_mark_that_waited_for_enable_ordering_is_refused_and_its_retry_records
     assert claimed_ids(connect(), "h", "w2") == ["a2"]
 
 
+def test_an_enable_waits_for_a_claim_marked_as_a_batch_and_then_records_its_positions(db, connect):
+    """The count-only batch mark (the ids exactly the claim of its transaction, part 37 batch
+    api) records no aggregate position, so it must never run after enable_inbox_ordering
+    committed. It cannot: the claim holds the inbox table (FOR UPDATE), so an enable started
+    meanwhile waits for the claiming transaction; the mark runs unordered before it, and the
+    enable then seeds A's position from what that mark processed."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a1", "A", 1)
+    receive(db, "h", "a2", "A", 2)
+    receive(db, "h", "b1", "B", 1)
+    worker = connect(autocommit=False)
+    got = claimed_ids(worker, "h", "w1", batch=2)
+    assert got == ["a1", "a2"]
+    enabling = Background(connect(), "SELECT mailbox.enable_inbox_ordering('h')")
+    wait_until_blocked(db, enabling.pid)
+    assert scalar(worker, "SELECT mailbox.inbox_mark_processed('h', %s::text[])", [got]) == 2
+    worker.commit()
+    _value, error = enabling.join()
+    assert error is None, error
+    assert heads(db, "h") == [("B", 1)]
+    assert scalar(db, "SELECT count(*) FROM mailbox._inbox_lease") == 0
+    assert claimed_ids(connect(), "h", "w2") == ["b1"]
+    receive(db, "h", "a3", "A", 3)  # A's position is 2: its next sequence is claimable
+    assert claimed_ids(connect(), "h", "w3") == ["a3"]
+
+
+def test_the_count_only_mark_refuses_to_run_unordered_once_the_inbox_is_ordered(db):
+    """Its own guard, in case a path ever reaches it after an enable: the generated
+    _inbox_<key>_processed_count reads the ordering again after its UPDATE and refuses with
+    40001 when the catalog says ordered (here the catalog is changed in the same transaction
+    without regenerating, so the unordered body runs with the row it was generated for)."""
+    db.execute("SELECT mailbox.create_inbox('h')")
+    receive(db, "h", "a1", "A", 1)
+    stale = "(SELECT i FROM mailbox._inbox AS i WHERE i.inbox_name = 'h')"
+    key = scalar(db, "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = 'h'")
+    with raises("40001") as info:
+        with db.transaction():
+            row = scalar(db, f"SELECT {stale}::text")
+            db.execute(
+                "UPDATE mailbox._inbox SET ordering_first_sequence = 1 WHERE inbox_key = %s", [key]
+            )
+            db.execute(
+                f"SELECT mailbox._inbox_{key}_processed_count(%s::mailbox._inbox, ARRAY['a1'])",
+                [row],
+            )
+    assert "waited for the change's lock" in info.value.diag.message_detail
+    assert scalar(db, "SELECT processed_at IS NULL FROM mailbox.h WHERE event_id = 'a1'")
+
+
 def tenants_adopted_inbox(db):
     """Inbox h on public.legacy (no payload column; aggregate_id and sequence_num), a table
     owned by a new role, which is returned."""
