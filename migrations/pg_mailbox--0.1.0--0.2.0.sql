@@ -100,6 +100,10 @@ CREATE UNLOGGED TABLE mailbox._inbox_waiter (
 );
 COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
+-- Issue 11: a bound on every wait, which a named receive reads before it looks for waiters.
+CREATE SEQUENCE mailbox._inbox_waiting_until;
+COMMENT ON SEQUENCE mailbox._inbox_waiting_until IS
+'pg_mailbox: seconds since the epoch until which some inbox worker may be waiting for a wake-up';
 
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (
@@ -5657,6 +5661,10 @@ COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 --     mailbox.consumer_heartbeat_timeout_seconds, at most 60 s, unless it claims again); one
 --     that returns messages removes it; drop_inbox and maintenance forget waits;
 --   * inbox_receive and inbox_receive_batch notify only while some worker of the inbox waits.
+--     Looking costs a statement of its own (an executor start-up, about a tenth of a single
+--     receive), so the named receive (part 35) first reads the sequence
+--     mailbox._inbox_waiting_until, a bound every wait raises to its end: while no worker of
+--     any inbox has waited in the last minute, a receive reads one sequence and no table.
 -- As with the outbox, a receiver looks for waiters when it writes, not when it commits: a
 -- receive written before a worker's empty claim committed and committed after it does not
 -- wake that worker, which finds the message at its next claim (poll interval). Nothing is
@@ -5673,13 +5681,25 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+DECLARE
+    v_until timestamptz;
+    v_bound bigint;
 BEGIN
     IF p_waiting THEN
+        v_until := pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds');
         INSERT INTO mailbox._inbox_waiter AS w (inbox_key, backend_pid, worker, waiting_until)
-        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker,
-                pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker, v_until)
             ON CONFLICT (inbox_key, backend_pid) DO UPDATE
            SET worker = excluded.worker, waiting_until = excluded.waiting_until;
+        -- raise the bound named receives read first (below); only ever raised. Two waits
+        -- recorded at once may each read the old bound and the later setval win with the
+        -- earlier time: their times differ by the moments between their clock readings, which
+        -- the second added to the rounded-up bound covers (with different heartbeat timeouts
+        -- it may not: a wait then wakes at its worker's next poll, as any missed wake-up)
+        v_bound := pg_catalog.ceil(pg_catalog.date_part('epoch', v_until))::bigint + 1;
+        IF v_bound > COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'), 0) THEN
+            PERFORM pg_catalog.setval('mailbox._inbox_waiting_until', v_bound);
+        END IF;
     ELSE
         DELETE FROM mailbox._inbox_waiter AS w
          WHERE w.inbox_key = p_key AND w.backend_pid = pg_catalog.pg_backend_pid();
@@ -7356,7 +7376,8 @@ $$;
 --   * _inbox_<key>_receive_named checks the arguments and that its table is still the one it
 --     was generated for (to_regclass, as the full path does), and returns NULL for anything
 --     it would refuse, so that the full path raises the error (one place for every message);
---     then it inserts, and reads whether a worker waits in the INSERT's RETURNING;
+--     then it inserts and, only when the bound mailbox._inbox_waiting_until is in the future
+--     (part 33, wake-ups), reads whether a worker waits;
 --   * after the INSERT, whose lock makes the session read the catalog changes committed
 --     before it (AcceptInvalidationMessages), it asks the second router,
 --     _inbox_route_named_version, whether the name still routes to the function it runs,
@@ -7471,13 +7492,17 @@ BEGIN
     IF %1$s THEN
         RETURN NULL; -- inbox_receive's full path raises the error
     END IF;
-    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING
-        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                           WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
-                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
     v_new := FOUND;%9$s
-    IF v_waited THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+    -- (part 33, wake-ups: no worker waits past the bound every wait raises)
+    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
+        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                             WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
+                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
+        IF v_waited THEN
+            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+        END IF;
     END IF;
     RETURN v_new;$b$,
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,

@@ -7,6 +7,10 @@
 --     mailbox.consumer_heartbeat_timeout_seconds, at most 60 s, unless it claims again); one
 --     that returns messages removes it; drop_inbox and maintenance forget waits;
 --   * inbox_receive and inbox_receive_batch notify only while some worker of the inbox waits.
+--     Looking costs a statement of its own (an executor start-up, about a tenth of a single
+--     receive), so the named receive (part 35) first reads the sequence
+--     mailbox._inbox_waiting_until, a bound every wait raises to its end: while no worker of
+--     any inbox has waited in the last minute, a receive reads one sequence and no table.
 -- As with the outbox, a receiver looks for waiters when it writes, not when it commits: a
 -- receive written before a worker's empty claim committed and committed after it does not
 -- wake that worker, which finds the message at its next claim (poll interval). Nothing is
@@ -23,13 +27,25 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
+DECLARE
+    v_until timestamptz;
+    v_bound bigint;
 BEGIN
     IF p_waiting THEN
+        v_until := pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds');
         INSERT INTO mailbox._inbox_waiter AS w (inbox_key, backend_pid, worker, waiting_until)
-        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker,
-                pg_catalog.clock_timestamp() + LEAST(mailbox._heartbeat_timeout(), INTERVAL '60 seconds'))
+        VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker, v_until)
             ON CONFLICT (inbox_key, backend_pid) DO UPDATE
            SET worker = excluded.worker, waiting_until = excluded.waiting_until;
+        -- raise the bound named receives read first (below); only ever raised. Two waits
+        -- recorded at once may each read the old bound and the later setval win with the
+        -- earlier time: their times differ by the moments between their clock readings, which
+        -- the second added to the rounded-up bound covers (with different heartbeat timeouts
+        -- it may not: a wait then wakes at its worker's next poll, as any missed wake-up)
+        v_bound := pg_catalog.ceil(pg_catalog.date_part('epoch', v_until))::bigint + 1;
+        IF v_bound > COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'), 0) THEN
+            PERFORM pg_catalog.setval('mailbox._inbox_waiting_until', v_bound);
+        END IF;
     ELSE
         DELETE FROM mailbox._inbox_waiter AS w
          WHERE w.inbox_key = p_key AND w.backend_pid = pg_catalog.pg_backend_pid();

@@ -15,7 +15,8 @@
 --   * _inbox_<key>_receive_named checks the arguments and that its table is still the one it
 --     was generated for (to_regclass, as the full path does), and returns NULL for anything
 --     it would refuse, so that the full path raises the error (one place for every message);
---     then it inserts, and reads whether a worker waits in the INSERT's RETURNING;
+--     then it inserts and, only when the bound mailbox._inbox_waiting_until is in the future
+--     (part 33, wake-ups), reads whether a worker waits;
 --   * after the INSERT, whose lock makes the session read the catalog changes committed
 --     before it (AcceptInvalidationMessages), it asks the second router,
 --     _inbox_route_named_version, whether the name still routes to the function it runs,
@@ -130,13 +131,17 @@ BEGIN
     IF %1$s THEN
         RETURN NULL; -- inbox_receive's full path raises the error
     END IF;
-    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING
-        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                           WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
-                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
     v_new := FOUND;%9$s
-    IF v_waited THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+    -- (part 33, wake-ups: no worker waits past the bound every wait raises)
+    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
+        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                             WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
+                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
+        IF v_waited THEN
+            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
+        END IF;
     END IF;
     RETURN v_new;$b$,
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,

@@ -14,3 +14,12 @@ CREATE UNLOGGED TABLE mailbox._inbox_waiter (
 );
 COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
+
+-- A bound on every wait above: the latest waiting_until any worker of any inbox recorded, in
+-- whole seconds since the epoch, rounded up (and one second more, part 33, wake-ups). A named
+-- receive (part 35) reads this sequence, which costs no executor start-up, and looks in
+-- _inbox_waiter only while the bound is in the future. setval is not transactional and the
+-- value only grows: a bound may outlast the waits it covers, never fall short of one.
+CREATE SEQUENCE mailbox._inbox_waiting_until;
+COMMENT ON SEQUENCE mailbox._inbox_waiting_until IS
+'pg_mailbox: seconds since the epoch until which some inbox worker may be waiting for a wake-up';

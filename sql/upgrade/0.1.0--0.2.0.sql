@@ -95,6 +95,10 @@ CREATE UNLOGGED TABLE mailbox._inbox_waiter (
 );
 COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
+-- Issue 11: a bound on every wait, which a named receive reads before it looks for waiters.
+CREATE SEQUENCE mailbox._inbox_waiting_until;
+COMMENT ON SEQUENCE mailbox._inbox_waiting_until IS
+'pg_mailbox: seconds since the epoch until which some inbox worker may be waiting for a wake-up';
 
 -- Issue 13: groups still draining their old layout after alter_outbox_partitions (part 28).
 CREATE TABLE mailbox._partition_change (

@@ -333,10 +333,7 @@ BEGIN
        OR $10 NOT BETWEEN -32768 AND 32767 THEN
         RETURN NULL; -- inbox_receive's full path raises the error
     END IF;
-    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING
-        RETURNING EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                           WHERE w.inbox_key OPERATOR(pg_catalog.=) 1
-                             AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now()) INTO v_waited;
+    INSERT INTO mailbox.gen AS t (event_id, payload, event_type, source, aggregate_id, sequence_num, headers, trace_id, priority, received_at, retry_count) VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, pg_catalog.now(), 0) ON CONFLICT (event_id) DO NOTHING;
     v_new := FOUND;
     IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
         RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'
@@ -344,8 +341,15 @@ BEGIN
                   DETAIL = 'It was granted, reconfigured, dropped or made again after this session last read the catalog.',
                   HINT = 'Retry the transaction.';
     END IF;
-    IF v_waited THEN
-        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
+    -- (part 33, wake-ups: no worker waits past the bound every wait raises)
+    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
+        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
+                             WHERE w.inbox_key OPERATOR(pg_catalog.=) 1
+                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
+        IF v_waited THEN
+            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
+        END IF;
     END IF;
     RETURN v_new;
 END$function$

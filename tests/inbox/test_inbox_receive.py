@@ -212,6 +212,55 @@ def test_receivers_notify_only_while_a_worker_waits(orders, connect):
     assert waiters(db) == []
 
 
+def waiter_reads(db, sql, args=()):
+    """Runs sql in a transaction of its own; how many scans of _inbox_waiter it made (the
+    difference inside the transaction: PostgreSQL 15's xact counters of scans are not reset
+    when a transaction ends, only when the backend next reports its statistics)."""
+    scans = (
+        "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_xact_all_tables"
+        " WHERE relid = 'mailbox._inbox_waiter'::regclass"
+    )
+    with db.transaction():
+        before = scalar(db, scans)
+        db.execute(sql, args)
+        return scalar(db, scans) - before
+
+
+BOUND = "SELECT pg_sequence_last_value('mailbox._inbox_waiting_until')"
+
+
+def test_a_receive_looks_for_waiters_only_before_the_bound_every_wait_raises(orders, connect):
+    db = orders
+    listener = connect()
+    listener.execute("LISTEN mailbox_inbox_new")
+    receive = "SELECT mailbox.inbox_receive('orders', %s, '{}')"
+    # no worker has ever waited: the named receive reads the bound, not the waiter table
+    assert scalar(db, BOUND) is None
+    assert waiter_reads(db, receive, ["a"]) == 0
+    worker = connect()
+    worker.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 5")
+    assert len(rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)")) == 1
+    assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)") == []
+    # the wait raised the bound past its end, rounded up and a second more
+    end = scalar(db, "SELECT extract(epoch FROM waiting_until) FROM mailbox._inbox_waiter")
+    assert end < scalar(db, BOUND) <= end + 2
+    # a new message before the bound: the receive looks, finds the wait and notifies
+    assert waiter_reads(db, receive, ["b"]) > 0
+    assert notes(listener) == ["orders"]
+    # a duplicate stores nothing and looks for no one
+    assert waiter_reads(db, receive, ["b"]) == 0
+    # a later wait that ends sooner never lowers the bound
+    before = scalar(db, BOUND)
+    worker.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 1")
+    rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)")
+    assert scalar(db, BOUND) == before
+    # past the bound no worker can still wait (it is set back here to show that the bound
+    # alone decides): the receive does not look, even at a recorded wait, and notifies no one
+    db.execute("SELECT setval('mailbox._inbox_waiting_until', 1)")
+    assert waiter_reads(db, receive, ["c"]) == 0
+    assert notes(listener) == []
+
+
 def test_a_wait_lasts_the_heartbeat_timeout_at_most_60_seconds_and_drop_forgets_it(orders, connect):
     db = orders
     worker = connect()

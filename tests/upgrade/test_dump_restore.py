@@ -169,11 +169,13 @@ def test_every_table_and_sequence_of_the_extension_is_dumped(db):
         )
     }
     # _outbox_waiter, _inbox_waiter and _owner_code_running are soft state of running sessions
+    # (_inbox_waiting_until bounds _inbox_waiter's waits: a restore has none, nor a bound)
     assert members - dumped == {
         "mailbox._outbox_log",
         "mailbox._outbox_delta_rows",
         "mailbox._outbox_waiter",
         "mailbox._inbox_waiter",
+        "mailbox._inbox_waiting_until",
         "mailbox._owner_code_running",
     }
     assert dumped <= members
