@@ -102,6 +102,13 @@ COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
 -- Issue 11: a bound on every wait, which a named receive reads before it looks for waiters.
 CREATE SEQUENCE mailbox._inbox_waiting_until;
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int >= 150000 THEN
+        ALTER SEQUENCE mailbox._inbox_waiting_until SET UNLOGGED;
+    END IF;
+END
+$$;
 COMMENT ON SEQUENCE mailbox._inbox_waiting_until IS
 'pg_mailbox: seconds since the epoch until which some inbox worker may be waiting for a wake-up';
 
@@ -5663,8 +5670,9 @@ COMMENT ON FUNCTION mailbox.replay_inbox_messages(text, text[]) IS
 --   * inbox_receive and inbox_receive_batch notify only while some worker of the inbox waits.
 --     Looking costs a statement of its own (an executor start-up, about a tenth of a single
 --     receive), so the named receive (part 35) first reads the sequence
---     mailbox._inbox_waiting_until, a bound every wait raises to its end: while no worker of
---     any inbox has waited in the last minute, a receive reads one sequence and no table.
+--     mailbox._inbox_waiting_until, a bound every wait raises past the end of any wait begun
+--     by then: while no worker of any inbox has waited in the last 70 s, a receive reads one
+--     sequence and no table.
 -- As with the outbox, a receiver looks for waiters when it writes, not when it commits: a
 -- receive written before a worker's empty claim committed and committed after it does not
 -- wake that worker, which finds the message at its next claim (poll interval). Nothing is
@@ -5691,12 +5699,16 @@ BEGIN
         VALUES (p_key, pg_catalog.pg_backend_pid(), p_worker, v_until)
             ON CONFLICT (inbox_key, backend_pid) DO UPDATE
            SET worker = excluded.worker, waiting_until = excluded.waiting_until;
-        -- raise the bound named receives read first (below); only ever raised. Two waits
-        -- recorded at once may each read the old bound and the later setval win with the
-        -- earlier time: their times differ by the moments between their clock readings, which
-        -- the second added to the rounded-up bound covers (with different heartbeat timeouts
-        -- it may not: a wait then wakes at its worker's next poll, as any missed wake-up)
-        v_bound := pg_catalog.ceil(pg_catalog.date_part('epoch', v_until))::bigint + 1;
+        -- raise the bound named receives read first (above) past the end of every wait that
+        -- may have started by now. Not this wait's end: the read and the setval below are not
+        -- atomic, so when two waits race the later setval wins even if it is the lower, and a
+        -- review found both ways that left a live wait past the bound (a worker with a longer
+        -- heartbeat timeout; an end time read before the upsert waited seconds for
+        -- maintenance's delete). Every wait ends at most 60 s after a clock reading taken
+        -- before this one, so this clock, read after the upsert, plus 60 s covers every wait
+        -- whose setval could lose to this one; 10 s more cover a delay between this reading
+        -- and the setval.
+        v_bound := pg_catalog.ceil(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()))::bigint + 70;
         IF v_bound > COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'), 0) THEN
             PERFORM pg_catalog.setval('mailbox._inbox_waiting_until', v_bound);
         END IF;

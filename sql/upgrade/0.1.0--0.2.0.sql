@@ -97,6 +97,13 @@ COMMENT ON TABLE mailbox._inbox_waiter IS
 'pg_mailbox: inbox workers waiting for a wake-up (their last claim was empty); receivers notify only while one is';
 -- Issue 11: a bound on every wait, which a named receive reads before it looks for waiters.
 CREATE SEQUENCE mailbox._inbox_waiting_until;
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int >= 150000 THEN
+        ALTER SEQUENCE mailbox._inbox_waiting_until SET UNLOGGED;
+    END IF;
+END
+$$;
 COMMENT ON SEQUENCE mailbox._inbox_waiting_until IS
 'pg_mailbox: seconds since the epoch until which some inbox worker may be waiting for a wake-up';
 

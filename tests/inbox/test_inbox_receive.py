@@ -240,20 +240,40 @@ def test_a_receive_looks_for_waiters_only_before_the_bound_every_wait_raises(ord
     worker = connect()
     worker.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 5")
     assert len(rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)")) == 1
+    clock = "SELECT extract(epoch FROM clock_timestamp())::float8"
+    before = scalar(db, clock)
     assert rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)") == []
-    # the wait raised the bound past its end, rounded up and a second more
-    end = scalar(db, "SELECT extract(epoch FROM waiting_until) FROM mailbox._inbox_waiter")
-    assert end < scalar(db, BOUND) <= end + 2
+    after = scalar(db, clock)
+    # the wait (5 s) raised the bound 70 s past the moment it was recorded: past the end of
+    # any wait (60 s at most) that began by then, whatever its worker's timeout
+    assert before + 69 < scalar(db, BOUND) <= after + 71
     # a new message before the bound: the receive looks, finds the wait and notifies
     assert waiter_reads(db, receive, ["b"]) > 0
     assert notes(listener) == ["orders"]
     # a duplicate stores nothing and looks for no one
     assert waiter_reads(db, receive, ["b"]) == 0
-    # a later wait that ends sooner never lowers the bound
-    before = scalar(db, BOUND)
+    # a wait never lowers the bound
+    far = int(scalar(db, clock)) + 1000
+    db.execute("SELECT setval('mailbox._inbox_waiting_until', %s)", [far])
+    rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)")
+    assert scalar(db, BOUND) == far
+    # two waits racing: the read and the setval are not atomic, so the later setval wins even
+    # if it is the lower. Here a 60 s wait's raise is lost (set back), and a 1 s wait records
+    # after it: the bound still covers the 60 s wait (a review found the bound of a 1 s wait
+    # an end time short, and a wait whose end time was read before its upsert waited)
+    other = connect()
+    assert rows(other, "SELECT * FROM mailbox.inbox_claim('orders', 'w60', 10)") == []
+    db.execute("SELECT setval('mailbox._inbox_waiting_until', 1)")
     worker.execute("SET mailbox.consumer_heartbeat_timeout_seconds = 1")
     rows(worker, "SELECT * FROM mailbox.inbox_claim('orders', 'w', 10)")
-    assert scalar(db, BOUND) == before
+    end60 = scalar(
+        db,
+        "SELECT extract(epoch FROM waiting_until)::float8 FROM mailbox._inbox_waiter"
+        " WHERE worker = 'w60'",
+    )
+    assert scalar(db, BOUND) > end60
+    assert waiter_reads(db, receive, ["c0"]) > 0
+    assert notes(listener) == ["orders"]
     # past the bound no worker can still wait (it is set back here to show that the bound
     # alone decides): the receive does not look, even at a recorded wait, and notifies no one
     db.execute("SELECT setval('mailbox._inbox_waiting_until', 1)")
