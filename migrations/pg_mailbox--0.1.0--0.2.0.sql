@@ -5317,17 +5317,19 @@ COMMENT ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) IS
 -- message until commit, and a crash rolls the lease back with everything else. Receivers
 -- notify only while a worker waits (part 33, wake-ups).
 
-CREATE OR REPLACE FUNCTION mailbox.inbox_receive(
+-- The full path of inbox_receive (below): every inbox, every argument; the only one for an
+-- inbox with grants of its own or an adopted table, and the one that raises every error.
+CREATE OR REPLACE FUNCTION mailbox._inbox_receive_full(
     p_inbox text,
     p_event_id text,
     p_payload jsonb,
-    p_event_type text DEFAULT NULL,
-    p_source text DEFAULT NULL,
-    p_aggregate_id text DEFAULT NULL,
-    p_sequence_num bigint DEFAULT NULL,
-    p_headers jsonb DEFAULT NULL,
-    p_trace_id text DEFAULT NULL,
-    p_priority int DEFAULT NULL
+    p_event_type text,
+    p_source text,
+    p_aggregate_id text,
+    p_sequence_num bigint,
+    p_headers jsonb,
+    p_trace_id text,
+    p_priority int
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -5337,15 +5339,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
-    v_new boolean;
 BEGIN
-    -- a managed inbox without grants: no lookup; NULL for any other inbox, and for arguments
-    -- it would refuse (part 35, named receive)
-    v_new := mailbox._inbox_route_receive_named(p_inbox, p_event_id, p_payload, p_event_type, p_source,
-                                                p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority);
-    IF v_new IS NOT NULL THEN
-        RETURN v_new;
-    END IF;
     -- one statement: the catalog row; whether the inbox has grants of its own (without, the
     -- role-level grants decide); whether its stored table name still names its table;
     -- whether a worker waits for a wake-up (_inbox_has_waiter)
@@ -5390,6 +5384,36 @@ BEGIN
     END IF;
     RETURN FALSE;
 END
+$$;
+COMMENT ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
+'pg_mailbox: inbox_receive for any inbox, checking everything (inbox_receive calls it when no named receive applies)';
+
+-- A managed inbox without grants of its own: its named receive (part 35, named receive), with
+-- no lookup; NULL for any other inbox and for arguments it would refuse, and then the full
+-- path. One expression, SECURITY INVOKER and without SET, so that the planner inlines it (and
+-- the router inside it) into the caller's statement: the named receive, itself SECURITY
+-- DEFINER with a pinned search_path, is then the call's only function frame (a PL/pgSQL
+-- frame around it cost about 7.5 us of backend CPU, docs/benchmarks.md). Every name in it is
+-- schema-qualified and every argument has its exact type, so the caller's search_path, under
+-- which an inlined body is parsed, can redirect nothing. A caller needs EXECUTE on the two
+-- functions it calls as well (mailbox_producer has it; part 90).
+CREATE OR REPLACE FUNCTION mailbox.inbox_receive(
+    p_inbox text,
+    p_event_id text,
+    p_payload jsonb,
+    p_event_type text DEFAULT NULL,
+    p_source text DEFAULT NULL,
+    p_aggregate_id text DEFAULT NULL,
+    p_sequence_num bigint DEFAULT NULL,
+    p_headers jsonb DEFAULT NULL,
+    p_trace_id text DEFAULT NULL,
+    p_priority int DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT COALESCE(mailbox._inbox_route_receive_named($1, $2, $3, $4, $5, $6, $7, $8, $9, $10),
+                    mailbox._inbox_receive_full($1, $2, $3, $4, $5, $6, $7, $8, $9, $10));
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';
@@ -7071,7 +7095,9 @@ $$;
 --     DROP EXTENSION pg_mailbox CASCADE drops them like the inbox views;
 --   * have unnamed parameters ($n) and #variable_conflict use_column, so no column name of an
 --     inbox table can ever be taken for a variable;
---   * are executable by nobody but their owner (the extension owner is a superuser);
+--   * are executable by nobody but their owner (the extension owner is a superuser), but a
+--     managed inbox's named receive, which mailbox_producer may execute while its router has
+--     its arm (part 35, named receive);
 --   * are dropped by drop_inbox.
 
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
@@ -7129,7 +7155,9 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+        -- (but a named receive: inbox_receive is inlined into its caller, which calls it
+        -- directly, so it is the call's one SECURITY DEFINER frame; part 35, named receive)
+        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner()) AND p_kind <> 'receive_named'
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$
@@ -7380,6 +7408,14 @@ $$;
 -- receive ran at 0.6-0.7 of a plain INSERT. For a managed inbox (create_inbox: the extension
 -- owner's table with the standard columns) everything the lookup found is known when its
 -- functions are generated, or can ride in the INSERT:
+--   * inbox_receive itself is a one-expression SQL function (part 33) that the planner
+--     inlines into the caller's statement: the router below, or else (NULL) the full path
+--     _inbox_receive_full. The named receive is SECURITY DEFINER with a pinned search_path,
+--     the call's only function frame (a PL/pgSQL frame around it cost about 7.5 us, 7% of a
+--     receive). Being inlined, the caller calls the router and the named receives with its
+--     own rights: mailbox_producer may execute the router, the full path, and each named
+--     receive exactly while the router has its arm (_inbox_build_named_routes keeps that in
+--     the transaction that changes the arms);
 --   * the router mailbox._inbox_route_receive_named, a one-expression SQL function inlined
 --     into inbox_receive's cached plan (like the key routers, part 35, routes), maps the name
 --     to _inbox_<key>_receive_named(NULL, ...). It has an arm for a managed inbox whose
@@ -7413,7 +7449,8 @@ $$;
 --
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
--- public function that calls them.
+-- public functions (a named receive called directly by a producer does what inbox_receive
+-- of that inbox does, with the same checks; a hostile $1 is never read).
 
 -- Waits for the transactions that wrote a managed inbox's table (they would keep its named
 -- receive as it was, above) and makes new ones wait for this one's commit: the first step of
@@ -7599,6 +7636,11 @@ AS $$
             OR pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
 $$;
 
+-- sql/functions/35_inbox_named_routes.sql
+-- Part 35 (named routes, issue 11): the three routers by inbox name of part 35, named
+-- receive (the named receive, the named mark and their version), their arms, their rebuild,
+-- who may execute the named receives they name, and every router's state for maintenance.
+
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
 -- routers split on it): managed, without grants, with a named receive and mark that the
 -- extension owner owns and that were generated from the catalog row as it is now (the named
@@ -7665,6 +7707,9 @@ AS $$
 DECLARE
     v_sql text;
     v_built int := 0;
+    v_armed text[];
+    v_fn regprocedure;
+    v_arm boolean;
 BEGIN
     v_sql := mailbox._inbox_route_named_sql('receive_named');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
@@ -7673,6 +7718,23 @@ BEGIN
                                   ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
+    -- inbox_receive is inlined into its caller's statement, so the caller calls this router
+    -- and the named receives it names with the caller's own rights: mailbox_producer may
+    -- execute a named receive exactly while the router has its arm (a managed inbox without
+    -- grants of its own). A first grant revokes it in the transaction that takes the arm
+    -- away; the version check after the INSERT stays behind it. Only a change is written
+    -- (each one invalidates the plans that name the function).
+    v_armed := ARRAY(SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a);
+    FOR v_fn, v_arm IN
+        SELECT p.oid::pg_catalog.regprocedure, p.proname = ANY (v_armed)
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_receive_named$'
+    LOOP
+        IF v_arm IS DISTINCT FROM pg_catalog.has_function_privilege('mailbox_producer', v_fn, 'EXECUTE') THEN
+            EXECUTE pg_catalog.format(CASE WHEN v_arm THEN 'GRANT EXECUTE ON FUNCTION %s TO mailbox_producer'
+                                           ELSE 'REVOKE EXECUTE ON FUNCTION %s FROM mailbox_producer' END, v_fn);
+        END IF;
+    END LOOP;
     v_sql := mailbox._inbox_route_named_sql('processed_named');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
@@ -9355,7 +9417,8 @@ $$;
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
 -- First regenerates the functions of an inbox whose generated functions' rights no longer fit
--- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them):
+-- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them,
+-- but a named receive, always SECURITY DEFINER: part 35, named receive):
 -- a dump restored by another superuser, who becomes the extension owner, brings back the old
 -- owner's invoker functions, which then refuse every call (42501) until this runs. Every
 -- restore also brings back managed inboxes' named receives made for the dumped tables' oids,
@@ -9372,7 +9435,8 @@ DECLARE
            AND (EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                          WHERE p.pronamespace = 'mailbox'::regnamespace
                            AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                           AND p.prosecdef = (p.proowner = mailbox._extension_owner()))
+                           AND p.prosecdef <> (p.proowner <> mailbox._extension_owner()
+                                               OR p.proname LIKE '%\_receive\_named'))
                 -- a managed inbox's named receive made for another table oid (a restore)
                 OR (i.is_managed AND NOT mailbox._inbox_named_current(i)))
          ORDER BY i.inbox_key);
@@ -9732,6 +9796,11 @@ GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_
 
 -- 33_inbox_messages.sql, 33_inbox_marks.sql
 GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
+TO mailbox_producer;
+-- inbox_receive is inlined into its caller, who so calls these with its own rights (part 35,
+-- named receive; the named receives themselves are granted with their router's arms)
+GRANT EXECUTE ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, text, text, bigint, jsonb, text, int),
+    mailbox._inbox_route_receive_named(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
 TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;

@@ -82,6 +82,11 @@ GRANT EXECUTE ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) TO mailbox_
 -- 33_inbox_messages.sql, 33_inbox_marks.sql
 GRANT EXECUTE ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
 TO mailbox_producer;
+-- inbox_receive is inlined into its caller, who so calls these with its own rights (part 35,
+-- named receive; the named receives themselves are granted with their router's arms)
+GRANT EXECUTE ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, text, text, bigint, jsonb, text, int),
+    mailbox._inbox_route_receive_named(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
+TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO mailbox_consumer;

@@ -15,17 +15,19 @@
 -- message until commit, and a crash rolls the lease back with everything else. Receivers
 -- notify only while a worker waits (part 33, wake-ups).
 
-CREATE FUNCTION mailbox.inbox_receive(
+-- The full path of inbox_receive (below): every inbox, every argument; the only one for an
+-- inbox with grants of its own or an adopted table, and the one that raises every error.
+CREATE FUNCTION mailbox._inbox_receive_full(
     p_inbox text,
     p_event_id text,
     p_payload jsonb,
-    p_event_type text DEFAULT NULL,
-    p_source text DEFAULT NULL,
-    p_aggregate_id text DEFAULT NULL,
-    p_sequence_num bigint DEFAULT NULL,
-    p_headers jsonb DEFAULT NULL,
-    p_trace_id text DEFAULT NULL,
-    p_priority int DEFAULT NULL
+    p_event_type text,
+    p_source text,
+    p_aggregate_id text,
+    p_sequence_num bigint,
+    p_headers jsonb,
+    p_trace_id text,
+    p_priority int
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -35,15 +37,7 @@ AS $$
 DECLARE
     v_inbox mailbox._inbox;
     v_found record;
-    v_new boolean;
 BEGIN
-    -- a managed inbox without grants: no lookup; NULL for any other inbox, and for arguments
-    -- it would refuse (part 35, named receive)
-    v_new := mailbox._inbox_route_receive_named(p_inbox, p_event_id, p_payload, p_event_type, p_source,
-                                                p_aggregate_id, p_sequence_num, p_headers, p_trace_id, p_priority);
-    IF v_new IS NOT NULL THEN
-        RETURN v_new;
-    END IF;
     -- one statement: the catalog row; whether the inbox has grants of its own (without, the
     -- role-level grants decide); whether its stored table name still names its table;
     -- whether a worker waits for a wake-up (_inbox_has_waiter)
@@ -88,6 +82,36 @@ BEGIN
     END IF;
     RETURN FALSE;
 END
+$$;
+COMMENT ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
+'pg_mailbox: inbox_receive for any inbox, checking everything (inbox_receive calls it when no named receive applies)';
+
+-- A managed inbox without grants of its own: its named receive (part 35, named receive), with
+-- no lookup; NULL for any other inbox and for arguments it would refuse, and then the full
+-- path. One expression, SECURITY INVOKER and without SET, so that the planner inlines it (and
+-- the router inside it) into the caller's statement: the named receive, itself SECURITY
+-- DEFINER with a pinned search_path, is then the call's only function frame (a PL/pgSQL
+-- frame around it cost about 7.5 us of backend CPU, docs/benchmarks.md). Every name in it is
+-- schema-qualified and every argument has its exact type, so the caller's search_path, under
+-- which an inlined body is parsed, can redirect nothing. A caller needs EXECUTE on the two
+-- functions it calls as well (mailbox_producer has it; part 90).
+CREATE FUNCTION mailbox.inbox_receive(
+    p_inbox text,
+    p_event_id text,
+    p_payload jsonb,
+    p_event_type text DEFAULT NULL,
+    p_source text DEFAULT NULL,
+    p_aggregate_id text DEFAULT NULL,
+    p_sequence_num bigint DEFAULT NULL,
+    p_headers jsonb DEFAULT NULL,
+    p_trace_id text DEFAULT NULL,
+    p_priority int DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT COALESCE(mailbox._inbox_route_receive_named($1, $2, $3, $4, $5, $6, $7, $8, $9, $10),
+                    mailbox._inbox_receive_full($1, $2, $3, $4, $5, $6, $7, $8, $9, $10));
 $$;
 COMMENT ON FUNCTION mailbox.inbox_receive(text, text, jsonb, text, text, text, bigint, jsonb, text, int) IS
 'store a message once per event id; true when new, false for a duplicate';

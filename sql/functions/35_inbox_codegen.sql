@@ -56,7 +56,9 @@
 --     DROP EXTENSION pg_mailbox CASCADE drops them like the inbox views;
 --   * have unnamed parameters ($n) and #variable_conflict use_column, so no column name of an
 --     inbox table can ever be taken for a variable;
---   * are executable by nobody but their owner (the extension owner is a superuser);
+--   * are executable by nobody but their owner (the extension owner is a superuser), but a
+--     managed inbox's named receive, which mailbox_producer may execute while its router has
+--     its arm (part 35, named receive);
 --   * are dropped by drop_inbox.
 
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
@@ -114,7 +116,9 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner())
+        -- (but a named receive: inbox_receive is inlined into its caller, which calls it
+        -- directly, so it is the call's one SECURITY DEFINER frame; part 35, named receive)
+        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner()) AND p_kind <> 'receive_named'
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$

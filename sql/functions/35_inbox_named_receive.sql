@@ -7,6 +7,14 @@
 -- receive ran at 0.6-0.7 of a plain INSERT. For a managed inbox (create_inbox: the extension
 -- owner's table with the standard columns) everything the lookup found is known when its
 -- functions are generated, or can ride in the INSERT:
+--   * inbox_receive itself is a one-expression SQL function (part 33) that the planner
+--     inlines into the caller's statement: the router below, or else (NULL) the full path
+--     _inbox_receive_full. The named receive is SECURITY DEFINER with a pinned search_path,
+--     the call's only function frame (a PL/pgSQL frame around it cost about 7.5 us, 7% of a
+--     receive). Being inlined, the caller calls the router and the named receives with its
+--     own rights: mailbox_producer may execute the router, the full path, and each named
+--     receive exactly while the router has its arm (_inbox_build_named_routes keeps that in
+--     the transaction that changes the arms);
 --   * the router mailbox._inbox_route_receive_named, a one-expression SQL function inlined
 --     into inbox_receive's cached plan (like the key routers, part 35, routes), maps the name
 --     to _inbox_<key>_receive_named(NULL, ...). It has an arm for a managed inbox whose
@@ -40,7 +48,8 @@
 --
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
--- public function that calls them.
+-- public functions (a named receive called directly by a producer does what inbox_receive
+-- of that inbox does, with the same checks; a hostile $1 is never read).
 
 -- Waits for the transactions that wrote a managed inbox's table (they would keep its named
 -- receive as it was, above) and makes new ones wait for this one's commit: the first step of
@@ -224,125 +233,4 @@ AS $$
        AND pg_catalog.strpos(p.prosrc, n.v) > 0
        AND (p.proname LIKE '%\_processed\_named' AND p_inbox.ordering_first_sequence IS NOT NULL
             OR pg_catalog.strpos(p.prosrc, ' ' || p_inbox.table_rel::oid || '::pg_catalog.regclass') > 0);
-$$;
-
--- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
--- routers split on it): managed, without grants, with a named receive and mark that the
--- extension owner owns and that were generated from the catalog row as it is now (the named
--- mark's router leaves out the ordered ones).
-CREATE FUNCTION mailbox._inbox_named_arms()
-RETURNS TABLE (inbox_name text, inbox_key int, version text, ordered boolean)
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT i.inbox_name, i.inbox_key, mailbox._inbox_named_version(i), i.ordering_first_sequence IS NOT NULL
-      FROM mailbox._inbox AS i
-     WHERE i.is_managed AND NOT i.has_grants
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.oid = i.table_rel)
-       AND mailbox._inbox_named_current(i)
-     ORDER BY i.inbox_name COLLATE "C";
-$$;
-
--- The bodies of the three named routers for the inboxes that have an arm now:
--- receive_named(name, event_id, ...) calls the inbox's named receive, processed_named(name,
--- event_id) its named mark (not ordered inboxes'); named_version(name) is what those functions
--- were generated from.
-CREATE FUNCTION mailbox._inbox_route_named_sql(p_kind text)
-RETURNS text
-LANGUAGE plpgsql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_names text[];
-    v_keys text[];
-    v_versions text[];
-BEGIN
-    SELECT pg_catalog.array_agg(a.inbox_name ORDER BY a.inbox_name COLLATE "C"),
-           pg_catalog.array_agg(a.inbox_key::text ORDER BY a.inbox_name COLLATE "C"),
-           pg_catalog.array_agg(pg_catalog.quote_literal(a.version) || '::pg_catalog.text' ORDER BY a.inbox_name COLLATE "C")
-      INTO v_names, v_keys, v_versions
-      FROM mailbox._inbox_named_arms() AS a
-     WHERE p_kind <> 'processed_named' OR NOT a.ordered; -- (an ordered inbox's mark: the full path)
-    IF v_names IS NULL THEN
-        RETURN CASE WHEN p_kind = 'named_version' THEN 'SELECT NULL::pg_catalog.text' ELSE 'SELECT NULL::pg_catalog.bool' END;
-    END IF;
-    -- arms by name, split in the "C" collation the names are sorted in (part 35, routes)
-    RETURN 'SELECT ' || mailbox._inbox_case('$1',
-        ARRAY(SELECT pg_catalog.quote_literal(n) || '::pg_catalog.text' FROM pg_catalog.unnest(v_names) WITH ORDINALITY AS u (n, o) ORDER BY o),
-        CASE p_kind
-            WHEN 'receive_named' THEN ARRAY(
-                SELECT 'mailbox._inbox_' || k || '_receive_named(NULL::mailbox._inbox, $2, $3, $4, $5, $6, $7, $8, $9, $10)'
-                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
-            WHEN 'processed_named' THEN ARRAY(
-                SELECT 'mailbox._inbox_' || k || '_processed_named(NULL::mailbox._inbox, $2)'
-                  FROM pg_catalog.unnest(v_keys) WITH ORDINALITY AS u (k, o) ORDER BY o)
-            ELSE v_versions END,
-        CASE WHEN p_kind = 'named_version' THEN 'NULL::pg_catalog.text' ELSE 'NULL::pg_catalog.bool' END,
-        ' COLLATE pg_catalog."C"');
-END
-$$;
-
--- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
--- the DDL lock; _inbox_build_routes calls it). Returns how many were rebuilt.
-CREATE FUNCTION mailbox._inbox_build_named_routes()
-RETURNS int
-LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
-AS $$
-DECLARE
-    v_sql text;
-    v_built int := 0;
-BEGIN
-    v_sql := mailbox._inbox_route_named_sql('receive_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named('
-                                  'text, text, jsonb, text, text, text, bigint, jsonb, text, int) RETURNS boolean'
-                                  ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('processed_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
-                                  ' RETURNS boolean LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('named_version');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
-                                  ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    RETURN v_built;
-END
-$$;
-
--- The named routers as the extension script makes them: no arm, every inbox through the full
--- path, until the first rebuild (the script's last step, and every inbox DDL).
-CREATE FUNCTION mailbox._inbox_route_receive_named(text, text, jsonb, text, text, text, bigint, jsonb, text, int)
-RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY INVOKER
-AS $$SELECT NULL::pg_catalog.bool$$;
-
-CREATE FUNCTION mailbox._inbox_route_processed_named(text, text)
-RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY INVOKER
-AS $$SELECT NULL::pg_catalog.bool$$;
-
-CREATE FUNCTION mailbox._inbox_route_named_version(text)
-RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-AS $$SELECT NULL::pg_catalog.text$$;
-
--- Every router (the key routers of part 35, routes, and the three above) with the body it has
--- and the body the catalog asks for now: maintenance rebuilds them when one differs.
-CREATE FUNCTION mailbox._inbox_route_states()
-RETURNS TABLE (kind text, body text, wanted text)
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT k.kind, mailbox._inbox_route_body(k.kind), mailbox._inbox_route_sql(k.kind, k.nargs)
-      FROM mailbox._inbox_route_kinds() AS k
-    UNION ALL
-    SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
-      FROM (VALUES ('receive_named'), ('processed_named'), ('named_version')) AS n (kind);
 $$;

@@ -311,6 +311,8 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_named(mailbox._inbox, text, jsonb, text, text, text, bigint, jsonb, text, integer)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE

@@ -506,7 +506,7 @@ def test_a_tenant_altering_its_functions_or_table_breaks_only_its_inbox(db, conn
 
 
 ROUTES_SOURCE = Path(__file__).resolve().parents[2] / "sql" / "functions" / "35_inbox_routes.sql"
-NAMED_SOURCE = ROUTES_SOURCE.with_name("35_inbox_named_receive.sql")
+NAMED_SOURCE = ROUTES_SOURCE.with_name("35_inbox_named_routes.sql")
 
 
 def script_routers(conn):
@@ -526,7 +526,7 @@ def script_routers(conn):
             f" RETURNS {returns} LANGUAGE sql VOLATILE SECURITY INVOKER AS $${body}$$"
         )
     assert set(KINDS) <= set(made)
-    # the named routers of a managed inbox's single receive (35_inbox_named_receive.sql)
+    # the named routers of a managed inbox's single receive (35_inbox_named_routes.sql)
     named = NAMED_SOURCE.read_text()
     for kind, signature, returns, body in (
         (
