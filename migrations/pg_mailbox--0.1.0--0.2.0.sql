@@ -7132,6 +7132,19 @@ BEGIN
 END
 $$;
 
+-- Whether a generated function of kind p_kind owned by p_owner is SECURITY DEFINER with a
+-- pinned search_path: every one an owner other than the extension owner owns, and a managed
+-- inbox's named receive, which the caller of the inlined inbox_receive calls itself (part 35,
+-- named receive). _inbox_define makes them so; maintenance regenerates an inbox whose
+-- functions differ (part 43).
+CREATE OR REPLACE FUNCTION mailbox._inbox_fn_is_definer(p_kind text, p_owner oid)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_owner <> mailbox._extension_owner() OR p_kind = 'receive_named';
+$$;
+
 -- Creates (or replaces) one generated function, owned by the table's owner. p_args,
 -- p_returns, p_declare and p_set are fixed text written in _inbox_generate; p_body is built
 -- there from the catalog through format('%I'). The owner check comes first (see above).
@@ -7155,9 +7168,9 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        -- (but a named receive: inbox_receive is inlined into its caller, which calls it
-        -- directly, so it is the call's one SECURITY DEFINER frame; part 35, named receive)
-        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner()) AND p_kind <> 'receive_named'
+        -- (but a named receive: _inbox_fn_is_definer)
+        CASE WHEN NOT mailbox._inbox_fn_is_definer(p_kind, (SELECT r.oid FROM pg_catalog.pg_roles AS r
+                                                                WHERE r.rolname = v_owner))
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$
@@ -7258,7 +7271,6 @@ BEGIN
             (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
                FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
             'boolean', $d$
-    v_waited pg_catalog.bool;
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
         PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
     v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
@@ -7544,14 +7556,11 @@ BEGIN
     INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
     v_new := FOUND;%9$s
     -- (part 33, wake-ups: no worker waits past the bound every wait raises)
-    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
-                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
-        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                             WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
-                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
-        IF v_waited THEN
-            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
-        END IF;
+    -- (an unset bound, NULL, is no wait: COALESCE, or AND would go on to the probe)
+    IF v_new AND COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass), 0)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now())
+       AND mailbox._inbox_has_waiter(%6$s) THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
     END IF;
     RETURN v_new;$b$,
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,
@@ -9417,8 +9426,7 @@ $$;
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
 -- First regenerates the functions of an inbox whose generated functions' rights no longer fit
--- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them,
--- but a named receive, always SECURITY DEFINER: part 35, named receive):
+-- their owner (part 35, codegen, _inbox_fn_is_definer):
 -- a dump restored by another superuser, who becomes the extension owner, brings back the old
 -- owner's invoker functions, which then refuse every call (42501) until this runs. Every
 -- restore also brings back managed inboxes' named receives made for the dumped tables' oids,
@@ -9435,8 +9443,8 @@ DECLARE
            AND (EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                          WHERE p.pronamespace = 'mailbox'::regnamespace
                            AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                           AND p.prosecdef <> (p.proowner <> mailbox._extension_owner()
-                                               OR p.proname LIKE '%\_receive\_named'))
+                           AND p.prosecdef <> mailbox._inbox_fn_is_definer(
+                                   pg_catalog.regexp_replace(p.proname, '^_inbox_[0-9]+_', ''), p.proowner))
                 -- a managed inbox's named receive made for another table oid (a restore)
                 OR (i.is_managed AND NOT mailbox._inbox_named_current(i)))
          ORDER BY i.inbox_key);

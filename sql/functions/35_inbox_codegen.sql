@@ -93,6 +93,19 @@ BEGIN
 END
 $$;
 
+-- Whether a generated function of kind p_kind owned by p_owner is SECURITY DEFINER with a
+-- pinned search_path: every one an owner other than the extension owner owns, and a managed
+-- inbox's named receive, which the caller of the inlined inbox_receive calls itself (part 35,
+-- named receive). _inbox_define makes them so; maintenance regenerates an inbox whose
+-- functions differ (part 43).
+CREATE FUNCTION mailbox._inbox_fn_is_definer(p_kind text, p_owner oid)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_owner <> mailbox._extension_owner() OR p_kind = 'receive_named';
+$$;
+
 -- Creates (or replaces) one generated function, owned by the table's owner. p_args,
 -- p_returns, p_declare and p_set are fixed text written in _inbox_generate; p_body is built
 -- there from the catalog through format('%I'). The owner check comes first (see above).
@@ -116,9 +129,9 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        -- (but a named receive: inbox_receive is inlined into its caller, which calls it
-        -- directly, so it is the call's one SECURITY DEFINER frame; part 35, named receive)
-        CASE WHEN v_owner = pg_catalog.pg_get_userbyid(mailbox._extension_owner()) AND p_kind <> 'receive_named'
+        -- (but a named receive: _inbox_fn_is_definer)
+        CASE WHEN NOT mailbox._inbox_fn_is_definer(p_kind, (SELECT r.oid FROM pg_catalog.pg_roles AS r
+                                                                WHERE r.rolname = v_owner))
              THEN 'SECURITY INVOKER'
              ELSE 'SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp' || p_set END,
         pg_catalog.quote_literal(pg_catalog.format($b$
@@ -219,7 +232,6 @@ BEGIN
             (SELECT pg_catalog.string_agg(r.receive_type, ', ' ORDER BY r.receive_position)
                FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
             'boolean', $d$
-    v_waited pg_catalog.bool;
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
         PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
     v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));

@@ -143,14 +143,11 @@ BEGIN
     INSERT INTO %2$s AS t (%3$s) VALUES (%4$s) ON CONFLICT (%5$I) DO NOTHING;
     v_new := FOUND;%9$s
     -- (part 33, wake-ups: no worker waits past the bound every wait raises)
-    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
-                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
-        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                             WHERE w.inbox_key OPERATOR(pg_catalog.=) %6$s
-                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
-        IF v_waited THEN
-            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
-        END IF;
+    -- (an unset bound, NULL, is no wait: COALESCE, or AND would go on to the probe)
+    IF v_new AND COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass), 0)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now())
+       AND mailbox._inbox_has_waiter(%6$s) THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', %7$L);
     END IF;
     RETURN v_new;$b$,
         pg_catalog.array_to_string(v_refuse, pg_catalog.chr(10) || '       OR '), v_table,

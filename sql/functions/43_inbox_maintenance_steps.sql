@@ -21,8 +21,7 @@ $$;
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.
 -- First regenerates the functions of an inbox whose generated functions' rights no longer fit
--- their owner (part 35, codegen: SECURITY INVOKER exactly when the extension owner owns them,
--- but a named receive, always SECURITY DEFINER: part 35, named receive):
+-- their owner (part 35, codegen, _inbox_fn_is_definer):
 -- a dump restored by another superuser, who becomes the extension owner, brings back the old
 -- owner's invoker functions, which then refuse every call (42501) until this runs. Every
 -- restore also brings back managed inboxes' named receives made for the dumped tables' oids,
@@ -39,8 +38,8 @@ DECLARE
            AND (EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
                          WHERE p.pronamespace = 'mailbox'::regnamespace
                            AND p.proname = ANY (mailbox._inbox_fn_names(i))
-                           AND p.prosecdef <> (p.proowner <> mailbox._extension_owner()
-                                               OR p.proname LIKE '%\_receive\_named'))
+                           AND p.prosecdef <> mailbox._inbox_fn_is_definer(
+                                   pg_catalog.regexp_replace(p.proname, '^_inbox_[0-9]+_', ''), p.proowner))
                 -- a managed inbox's named receive made for another table oid (a restore)
                 OR (i.is_managed AND NOT mailbox._inbox_named_current(i)))
          ORDER BY i.inbox_key);

@@ -316,7 +316,6 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_1_receive_named(mailbox._inbox, text, 
 AS $function$
 #variable_conflict use_column
 DECLARE
-    v_waited pg_catalog.bool;
     v_new pg_catalog.bool;
 BEGIN
     IF CURRENT_USER OPERATOR(pg_catalog.<>) 'postgres'::pg_catalog.name THEN
@@ -344,14 +343,11 @@ BEGIN
                   HINT = 'Retry the transaction.';
     END IF;
     -- (part 33, wake-ups: no worker waits past the bound every wait raises)
-    IF v_new AND pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass)
-                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now()) THEN
-        v_waited := EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
-                             WHERE w.inbox_key OPERATOR(pg_catalog.=) 1
-                               AND w.waiting_until OPERATOR(pg_catalog.>) pg_catalog.now());
-        IF v_waited THEN
-            PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
-        END IF;
+    -- (an unset bound, NULL, is no wait: COALESCE, or AND would go on to the probe)
+    IF v_new AND COALESCE(pg_catalog.pg_sequence_last_value('mailbox._inbox_waiting_until'::pg_catalog.regclass), 0)
+                 OPERATOR(pg_catalog.>) pg_catalog.date_part('epoch', pg_catalog.now())
+       AND mailbox._inbox_has_waiter(1) THEN
+        PERFORM pg_catalog.pg_notify('mailbox_inbox_new', 'gen');
     END IF;
     RETURN v_new;
 END$function$
