@@ -5176,10 +5176,14 @@ COMMENT ON FUNCTION mailbox.drop_inbox(text, boolean, boolean) IS
 -- batch forms: part 37, batch API). They look the inbox up, check the caller's grants and
 -- the table, and dispatch to the inbox's generated functions (part 35), then end the lease
 -- (part 30's mailbox._inbox_lease) and, on an ordered inbox, record the aggregate's position.
--- The single mark of a managed inbox without grants first tries the named mark (part 35,
--- named receive), which looks nothing up.
+-- The single mark of a managed, unordered inbox without grants is its named mark (part 35,
+-- named receive), which looks nothing up: inbox_mark_processed(text, text) is inlined into its
+-- caller, as inbox_receive is (part 33, messages).
 
-CREATE OR REPLACE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
+-- The full path of inbox_mark_processed (below): every inbox, every argument; the only one for
+-- an ordered inbox, an inbox with grants of its own or an adopted table, and the one that
+-- raises every error.
+CREATE OR REPLACE FUNCTION mailbox._inbox_mark_processed_full(p_inbox text, p_event_id text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
@@ -5189,14 +5193,7 @@ DECLARE
     v_inbox mailbox._inbox;
     v_found record;
     v_done mailbox._inbox_done;
-    v_named boolean;
 BEGIN
-    -- a managed, unordered inbox without grants: no lookup; NULL for any other inbox, and for
-    -- arguments it would refuse (part 35, named receive)
-    v_named := mailbox._inbox_route_processed_named(p_inbox, p_event_id);
-    IF v_named IS NOT NULL THEN
-        RETURN v_named;
-    END IF;
     -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
     -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
@@ -5248,6 +5245,28 @@ BEGIN
     END IF;
     RETURN TRUE;
 END
+$$;
+COMMENT ON FUNCTION mailbox._inbox_mark_processed_full(text, text) IS
+'pg_mailbox: inbox_mark_processed for any inbox, checking everything (when no named mark applies)';
+
+-- A managed, unordered inbox without grants of its own: its named mark (part 35, named
+-- receive), with no lookup; NULL for any other inbox and for arguments it would refuse, and
+-- then the full path. One expression, SECURITY INVOKER and without SET, so that the planner
+-- inlines it (and the router inside it) into the caller's statement: the named mark, itself
+-- SECURITY DEFINER with a pinned search_path, is then the call's only function frame (a
+-- PL/pgSQL frame around it cost about 7 us of backend CPU, docs/benchmarks.md). Every name in
+-- it is schema-qualified and every argument has its exact type, so the caller's search_path,
+-- under which an inlined body is parsed, can redirect nothing. The arguments are compared in
+-- the database's default collation whatever collation the caller's expressions carry (a
+-- nondeterministic one would match other ids). A caller needs EXECUTE on the two functions it
+-- calls as well (mailbox_consumer has it; part 90).
+CREATE OR REPLACE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT COALESCE(
+        mailbox._inbox_route_processed_named($1 COLLATE pg_catalog."default", $2 COLLATE pg_catalog."default"),
+        mailbox._inbox_mark_processed_full($1 COLLATE pg_catalog."default", $2 COLLATE pg_catalog."default"));
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
 'mark a message processed; false when it does not exist or is already processed';
@@ -7096,8 +7115,8 @@ $$;
 --   * have unnamed parameters ($n) and #variable_conflict use_column, so no column name of an
 --     inbox table can ever be taken for a variable;
 --   * are executable by nobody but their owner (the extension owner is a superuser), but a
---     managed inbox's named receive, which mailbox_producer may execute while its router has
---     its arm (part 35, named receive);
+--     managed inbox's named receive and named mark, which mailbox_producer and
+--     mailbox_consumer may execute while their routers have its arm (part 35, named receive);
 --   * are dropped by drop_inbox.
 
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
@@ -7134,15 +7153,15 @@ $$;
 
 -- Whether a generated function of kind p_kind owned by p_owner is SECURITY DEFINER with a
 -- pinned search_path: every one an owner other than the extension owner owns, and a managed
--- inbox's named receive, which the caller of the inlined inbox_receive calls itself (part 35,
--- named receive). _inbox_define makes them so; maintenance regenerates an inbox whose
--- functions differ (part 43).
+-- inbox's named receive and named mark, which the callers of the inlined inbox_receive and
+-- inbox_mark_processed call themselves (part 35, named receive). _inbox_define makes them so;
+-- maintenance regenerates an inbox whose functions differ (part 43).
 CREATE OR REPLACE FUNCTION mailbox._inbox_fn_is_definer(p_kind text, p_owner oid)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_owner <> mailbox._extension_owner() OR p_kind = 'receive_named';
+    SELECT p_owner <> mailbox._extension_owner() OR p_kind IN ('receive_named', 'processed_named');
 $$;
 
 -- Creates (or replaces) one generated function, owned by the table's owner. p_args,
@@ -7168,7 +7187,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        -- (but a named receive: _inbox_fn_is_definer)
+        -- (but a named receive or mark: _inbox_fn_is_definer)
         CASE WHEN NOT mailbox._inbox_fn_is_definer(p_kind, (SELECT r.oid FROM pg_catalog.pg_roles AS r
                                                                 WHERE r.rolname = v_owner))
              THEN 'SECURITY INVOKER'
@@ -7454,10 +7473,14 @@ $$;
 -- message once ordering is on, part 34, gap state).
 --
 -- The named mark (issue 11) does the same for the single inbox_mark_processed of such an
--- inbox when it is not ordered: _inbox_route_processed_named calls
--- _inbox_<key>_processed_named(NULL, event_id), which marks the message and ends its lease
--- in one statement, then checks the version as the named receive does (an ordered inbox's
--- is only RETURN NULL: its marks record the aggregate's position on the full path).
+-- inbox when it is not ordered: inbox_mark_processed(text, text) is inlined the same way
+-- (part 33, marks; the full path _inbox_mark_processed_full), and
+-- _inbox_route_processed_named calls _inbox_<key>_processed_named(NULL, event_id), SECURITY
+-- DEFINER with a pinned search_path, which marks the message and ends its lease, then checks
+-- the version as the named receive does (an ordered inbox's is only RETURN NULL: its marks
+-- record the aggregate's position on the full path, and its router has no arm for it).
+-- mailbox_consumer may execute the router, the full path and each named mark exactly while
+-- that router has its arm.
 --
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
@@ -7578,7 +7601,9 @@ $$;
 -- does not see, or does not look for, holds nothing until it expires (a processed message
 -- is never claimed, counted in flight or replayed with its lease; the full path re-reads
 -- only for an ordered inbox, part 33, marks). Two statements, not one with a CTE: the
--- CTE's two table updates cost an executor start-up each even when there is no lease.
+-- CTE's two table updates cost an executor start-up each even when there is no lease. The id
+-- is compared in the default collation, that of a managed table's column, whatever collation
+-- a direct caller's argument carries (a nondeterministic one would match other ids).
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -7601,11 +7626,13 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL;
+    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp()
+     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND t.%3$I IS NULL;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2;
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s
+           AND l.event_id OPERATOR(pg_catalog.=) $2 COLLATE pg_catalog."default";
     END IF;%6$s
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
@@ -7648,7 +7675,8 @@ $$;
 -- sql/functions/35_inbox_named_routes.sql
 -- Part 35 (named routes, issue 11): the three routers by inbox name of part 35, named
 -- receive (the named receive, the named mark and their version), their arms, their rebuild,
--- who may execute the named receives they name, and every router's state for maintenance.
+-- who may execute the named receives and marks they name, and every router's state for
+-- maintenance.
 
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
 -- routers split on it): managed, without grants, with a named receive and mark that the
@@ -7706,6 +7734,28 @@ BEGIN
 END
 $$;
 
+-- Who may execute each named receive and mark: inbox_receive and inbox_mark_processed(text,
+-- text) are inlined into their caller's statement, so the caller calls the routers and the
+-- functions they name with its own rights. mailbox_producer may execute a named receive, and
+-- mailbox_consumer a named mark, exactly while its router has the arm (a managed inbox
+-- without grants of its own; for the mark, not ordered): armed. A first grant revokes it in
+-- the transaction that takes the arm away (_inbox_build_named_routes); the version check
+-- after the write stays behind it. Maintenance repairs a right changed by hand (part 43).
+CREATE OR REPLACE FUNCTION mailbox._inbox_named_rights()
+RETURNS TABLE (fn regprocedure, role text, armed boolean)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.oid::pg_catalog.regprocedure,
+           CASE WHEN p.proname LIKE '%\_receive\_named' THEN 'mailbox_producer' ELSE 'mailbox_consumer' END,
+           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a
+                         UNION ALL
+                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM mailbox._inbox_named_arms() AS a
+                          WHERE NOT a.ordered)
+      FROM pg_catalog.pg_proc AS p
+     WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_(receive|processed)_named$';
+$$;
+
 -- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
 -- the DDL lock; _inbox_build_routes calls it). Returns how many were rebuilt.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_named_routes()
@@ -7716,8 +7766,8 @@ AS $$
 DECLARE
     v_sql text;
     v_built int := 0;
-    v_armed text[];
     v_fn regprocedure;
+    v_role text;
     v_arm boolean;
 BEGIN
     v_sql := mailbox._inbox_route_named_sql('receive_named');
@@ -7727,23 +7777,6 @@ BEGIN
                                   ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
-    -- inbox_receive is inlined into its caller's statement, so the caller calls this router
-    -- and the named receives it names with the caller's own rights: mailbox_producer may
-    -- execute a named receive exactly while the router has its arm (a managed inbox without
-    -- grants of its own). A first grant revokes it in the transaction that takes the arm
-    -- away; the version check after the INSERT stays behind it. Only a change is written
-    -- (each one invalidates the plans that name the function).
-    v_armed := ARRAY(SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a);
-    FOR v_fn, v_arm IN
-        SELECT p.oid::pg_catalog.regprocedure, p.proname = ANY (v_armed)
-          FROM pg_catalog.pg_proc AS p
-         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_receive_named$'
-    LOOP
-        IF v_arm IS DISTINCT FROM pg_catalog.has_function_privilege('mailbox_producer', v_fn, 'EXECUTE') THEN
-            EXECUTE pg_catalog.format(CASE WHEN v_arm THEN 'GRANT EXECUTE ON FUNCTION %s TO mailbox_producer'
-                                           ELSE 'REVOKE EXECUTE ON FUNCTION %s FROM mailbox_producer' END, v_fn);
-        END IF;
-    END LOOP;
     v_sql := mailbox._inbox_route_named_sql('processed_named');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
@@ -7756,6 +7789,15 @@ BEGIN
                                   ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
+    -- who may execute the named receives and marks (_inbox_named_rights): only a change is
+    -- written (each one invalidates the plans that name the function)
+    FOR v_fn, v_role, v_arm IN
+        SELECT r.fn, r.role, r.armed FROM mailbox._inbox_named_rights() AS r
+         WHERE r.armed IS DISTINCT FROM pg_catalog.has_function_privilege(r.role, r.fn, 'EXECUTE')
+    LOOP
+        EXECUTE pg_catalog.format(CASE WHEN v_arm THEN 'GRANT EXECUTE ON FUNCTION %s TO %I'
+                                       ELSE 'REVOKE EXECUTE ON FUNCTION %s FROM %I' END, v_fn, v_role);
+    END LOOP;
     RETURN v_built;
 END
 $$;
@@ -9453,7 +9495,10 @@ DECLARE
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
         AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_states() AS r
-                         WHERE r.wanted IS DISTINCT FROM r.body))
+                         WHERE r.wanted IS DISTINCT FROM r.body)
+        -- (and who may execute the named receives and marks: part 35, named routes)
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_named_rights() AS r
+                         WHERE r.armed IS DISTINCT FROM pg_catalog.has_function_privilege(r.role, r.fn, 'EXECUTE')))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;
@@ -9812,6 +9857,10 @@ GRANT EXECUTE ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, t
 TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;
+-- and inbox_mark_processed(text, text) is inlined the same way (the named marks: likewise)
+GRANT EXECUTE ON FUNCTION mailbox._inbox_mark_processed_full(text, text),
+    mailbox._inbox_route_processed_named(text, text)
+TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.replay_inbox_messages(text, text[]) TO mailbox_admin;
 

@@ -89,6 +89,10 @@ GRANT EXECUTE ON FUNCTION mailbox._inbox_receive_full(text, text, jsonb, text, t
 TO mailbox_producer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_claim(text, text, int, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_processed(text, text) TO mailbox_consumer;
+-- and inbox_mark_processed(text, text) is inlined the same way (the named marks: likewise)
+GRANT EXECUTE ON FUNCTION mailbox._inbox_mark_processed_full(text, text),
+    mailbox._inbox_route_processed_named(text, text)
+TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.inbox_mark_failed(text, text, text, int) TO mailbox_consumer;
 GRANT EXECUTE ON FUNCTION mailbox.replay_inbox_messages(text, text[]) TO mailbox_admin;
 

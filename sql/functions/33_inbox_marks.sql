@@ -3,10 +3,14 @@
 -- batch forms: part 37, batch API). They look the inbox up, check the caller's grants and
 -- the table, and dispatch to the inbox's generated functions (part 35), then end the lease
 -- (part 30's mailbox._inbox_lease) and, on an ordered inbox, record the aggregate's position.
--- The single mark of a managed inbox without grants first tries the named mark (part 35,
--- named receive), which looks nothing up.
+-- The single mark of a managed, unordered inbox without grants is its named mark (part 35,
+-- named receive), which looks nothing up: inbox_mark_processed(text, text) is inlined into its
+-- caller, as inbox_receive is (part 33, messages).
 
-CREATE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
+-- The full path of inbox_mark_processed (below): every inbox, every argument; the only one for
+-- an ordered inbox, an inbox with grants of its own or an adopted table, and the one that
+-- raises every error.
+CREATE FUNCTION mailbox._inbox_mark_processed_full(p_inbox text, p_event_id text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
@@ -16,14 +20,7 @@ DECLARE
     v_inbox mailbox._inbox;
     v_found record;
     v_done mailbox._inbox_done;
-    v_named boolean;
 BEGIN
-    -- a managed, unordered inbox without grants: no lookup; NULL for any other inbox, and for
-    -- arguments it would refuse (part 35, named receive)
-    v_named := mailbox._inbox_route_processed_named(p_inbox, p_event_id);
-    IF v_named IS NOT NULL THEN
-        RETURN v_named;
-    END IF;
     -- one statement, as in inbox_receive; also whether the message has a lease row (a claim
     -- of this transaction has none, part 37, claim settle)
     SELECT i AS inbox,
@@ -75,6 +72,28 @@ BEGIN
     END IF;
     RETURN TRUE;
 END
+$$;
+COMMENT ON FUNCTION mailbox._inbox_mark_processed_full(text, text) IS
+'pg_mailbox: inbox_mark_processed for any inbox, checking everything (when no named mark applies)';
+
+-- A managed, unordered inbox without grants of its own: its named mark (part 35, named
+-- receive), with no lookup; NULL for any other inbox and for arguments it would refuse, and
+-- then the full path. One expression, SECURITY INVOKER and without SET, so that the planner
+-- inlines it (and the router inside it) into the caller's statement: the named mark, itself
+-- SECURITY DEFINER with a pinned search_path, is then the call's only function frame (a
+-- PL/pgSQL frame around it cost about 7 us of backend CPU, docs/benchmarks.md). Every name in
+-- it is schema-qualified and every argument has its exact type, so the caller's search_path,
+-- under which an inlined body is parsed, can redirect nothing. The arguments are compared in
+-- the database's default collation whatever collation the caller's expressions carry (a
+-- nondeterministic one would match other ids). A caller needs EXECUTE on the two functions it
+-- calls as well (mailbox_consumer has it; part 90).
+CREATE FUNCTION mailbox.inbox_mark_processed(p_inbox text, p_event_id text)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT COALESCE(
+        mailbox._inbox_route_processed_named($1 COLLATE pg_catalog."default", $2 COLLATE pg_catalog."default"),
+        mailbox._inbox_mark_processed_full($1 COLLATE pg_catalog."default", $2 COLLATE pg_catalog."default"));
 $$;
 COMMENT ON FUNCTION mailbox.inbox_mark_processed(text, text) IS
 'mark a message processed; false when it does not exist or is already processed';

@@ -57,8 +57,8 @@
 --   * have unnamed parameters ($n) and #variable_conflict use_column, so no column name of an
 --     inbox table can ever be taken for a variable;
 --   * are executable by nobody but their owner (the extension owner is a superuser), but a
---     managed inbox's named receive, which mailbox_producer may execute while its router has
---     its arm (part 35, named receive);
+--     managed inbox's named receive and named mark, which mailbox_producer and
+--     mailbox_consumer may execute while their routers have its arm (part 35, named receive);
 --   * are dropped by drop_inbox.
 
 -- The names of an inbox's generated functions (_inbox_define builds the same names).
@@ -95,15 +95,15 @@ $$;
 
 -- Whether a generated function of kind p_kind owned by p_owner is SECURITY DEFINER with a
 -- pinned search_path: every one an owner other than the extension owner owns, and a managed
--- inbox's named receive, which the caller of the inlined inbox_receive calls itself (part 35,
--- named receive). _inbox_define makes them so; maintenance regenerates an inbox whose
--- functions differ (part 43).
+-- inbox's named receive and named mark, which the callers of the inlined inbox_receive and
+-- inbox_mark_processed call themselves (part 35, named receive). _inbox_define makes them so;
+-- maintenance regenerates an inbox whose functions differ (part 43).
 CREATE FUNCTION mailbox._inbox_fn_is_definer(p_kind text, p_owner oid)
 RETURNS boolean
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_owner <> mailbox._extension_owner() OR p_kind = 'receive_named';
+    SELECT p_owner <> mailbox._extension_owner() OR p_kind IN ('receive_named', 'processed_named');
 $$;
 
 -- Creates (or replaces) one generated function, owned by the table's owner. p_args,
@@ -129,7 +129,7 @@ BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION %s RETURNS %s LANGUAGE plpgsql VOLATILE %s AS %s',
         v_sig, p_returns,
-        -- (but a named receive: _inbox_fn_is_definer)
+        -- (but a named receive or mark: _inbox_fn_is_definer)
         CASE WHEN NOT mailbox._inbox_fn_is_definer(p_kind, (SELECT r.oid FROM pg_catalog.pg_roles AS r
                                                                 WHERE r.rolname = v_owner))
              THEN 'SECURITY INVOKER'

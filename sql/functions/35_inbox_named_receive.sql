@@ -41,10 +41,14 @@
 -- message once ordering is on, part 34, gap state).
 --
 -- The named mark (issue 11) does the same for the single inbox_mark_processed of such an
--- inbox when it is not ordered: _inbox_route_processed_named calls
--- _inbox_<key>_processed_named(NULL, event_id), which marks the message and ends its lease
--- in one statement, then checks the version as the named receive does (an ordered inbox's
--- is only RETURN NULL: its marks record the aggregate's position on the full path).
+-- inbox when it is not ordered: inbox_mark_processed(text, text) is inlined the same way
+-- (part 33, marks; the full path _inbox_mark_processed_full), and
+-- _inbox_route_processed_named calls _inbox_<key>_processed_named(NULL, event_id), SECURITY
+-- DEFINER with a pinned search_path, which marks the message and ends its lease, then checks
+-- the version as the named receive does (an ordered inbox's is only RETURN NULL: its marks
+-- record the aggregate's position on the full path, and its router has no arm for it).
+-- mailbox_consumer may execute the router, the full path and each named mark exactly while
+-- that router has its arm.
 --
 -- These functions touch _inbox_waiter, which the other generated functions never do: they
 -- exist only for the extension owner's own tables, so they run with no rights beyond the
@@ -165,7 +169,9 @@ $$;
 -- does not see, or does not look for, holds nothing until it expires (a processed message
 -- is never claimed, counted in flight or replayed with its lease; the full path re-reads
 -- only for an ordered inbox, part 33, marks). Two statements, not one with a CTE: the
--- CTE's two table updates cost an executor start-up each even when there is no lease.
+-- CTE's two table updates cost an executor start-up each even when there is no lease. The id
+-- is compared in the default collation, that of a managed table's column, whatever collation
+-- a direct caller's argument carries (a nondeterministic one would match other ids).
 CREATE FUNCTION mailbox._inbox_build_processed_named(p_inbox mailbox._inbox, p_version text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY INVOKER
@@ -188,11 +194,13 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp() WHERE t.%4$I = $2 AND t.%3$I IS NULL;
+    UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp()
+     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND t.%3$I IS NULL;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s AND l.event_id OPERATOR(pg_catalog.=) $2;
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) %5$s
+           AND l.event_id OPERATOR(pg_catalog.=) $2 COLLATE pg_catalog."default";
     END IF;%6$s
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,

@@ -1,6 +1,7 @@
 -- Part 35 (named routes, issue 11): the three routers by inbox name of part 35, named
 -- receive (the named receive, the named mark and their version), their arms, their rebuild,
--- who may execute the named receives they name, and every router's state for maintenance.
+-- who may execute the named receives and marks they name, and every router's state for
+-- maintenance.
 
 -- The inboxes the named routers have an arm for, sorted by name in the "C" collation (the
 -- routers split on it): managed, without grants, with a named receive and mark that the
@@ -58,6 +59,28 @@ BEGIN
 END
 $$;
 
+-- Who may execute each named receive and mark: inbox_receive and inbox_mark_processed(text,
+-- text) are inlined into their caller's statement, so the caller calls the routers and the
+-- functions they name with its own rights. mailbox_producer may execute a named receive, and
+-- mailbox_consumer a named mark, exactly while its router has the arm (a managed inbox
+-- without grants of its own; for the mark, not ordered): armed. A first grant revokes it in
+-- the transaction that takes the arm away (_inbox_build_named_routes); the version check
+-- after the write stays behind it. Maintenance repairs a right changed by hand (part 43).
+CREATE FUNCTION mailbox._inbox_named_rights()
+RETURNS TABLE (fn regprocedure, role text, armed boolean)
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.oid::pg_catalog.regprocedure,
+           CASE WHEN p.proname LIKE '%\_receive\_named' THEN 'mailbox_producer' ELSE 'mailbox_consumer' END,
+           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a
+                         UNION ALL
+                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM mailbox._inbox_named_arms() AS a
+                          WHERE NOT a.ordered)
+      FROM pg_catalog.pg_proc AS p
+     WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_(receive|processed)_named$';
+$$;
+
 -- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
 -- the DDL lock; _inbox_build_routes calls it). Returns how many were rebuilt.
 CREATE FUNCTION mailbox._inbox_build_named_routes()
@@ -68,8 +91,8 @@ AS $$
 DECLARE
     v_sql text;
     v_built int := 0;
-    v_armed text[];
     v_fn regprocedure;
+    v_role text;
     v_arm boolean;
 BEGIN
     v_sql := mailbox._inbox_route_named_sql('receive_named');
@@ -79,23 +102,6 @@ BEGIN
                                   ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
-    -- inbox_receive is inlined into its caller's statement, so the caller calls this router
-    -- and the named receives it names with the caller's own rights: mailbox_producer may
-    -- execute a named receive exactly while the router has its arm (a managed inbox without
-    -- grants of its own). A first grant revokes it in the transaction that takes the arm
-    -- away; the version check after the INSERT stays behind it. Only a change is written
-    -- (each one invalidates the plans that name the function).
-    v_armed := ARRAY(SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a);
-    FOR v_fn, v_arm IN
-        SELECT p.oid::pg_catalog.regprocedure, p.proname = ANY (v_armed)
-          FROM pg_catalog.pg_proc AS p
-         WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_receive_named$'
-    LOOP
-        IF v_arm IS DISTINCT FROM pg_catalog.has_function_privilege('mailbox_producer', v_fn, 'EXECUTE') THEN
-            EXECUTE pg_catalog.format(CASE WHEN v_arm THEN 'GRANT EXECUTE ON FUNCTION %s TO mailbox_producer'
-                                           ELSE 'REVOKE EXECUTE ON FUNCTION %s FROM mailbox_producer' END, v_fn);
-        END IF;
-    END LOOP;
     v_sql := mailbox._inbox_route_named_sql('processed_named');
     IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
@@ -108,6 +114,15 @@ BEGIN
                                   ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
         v_built := v_built + 1;
     END IF;
+    -- who may execute the named receives and marks (_inbox_named_rights): only a change is
+    -- written (each one invalidates the plans that name the function)
+    FOR v_fn, v_role, v_arm IN
+        SELECT r.fn, r.role, r.armed FROM mailbox._inbox_named_rights() AS r
+         WHERE r.armed IS DISTINCT FROM pg_catalog.has_function_privilege(r.role, r.fn, 'EXECUTE')
+    LOOP
+        EXECUTE pg_catalog.format(CASE WHEN v_arm THEN 'GRANT EXECUTE ON FUNCTION %s TO %I'
+                                       ELSE 'REVOKE EXECUTE ON FUNCTION %s FROM %I' END, v_fn, v_role);
+    END LOOP;
     RETURN v_built;
 END
 $$;

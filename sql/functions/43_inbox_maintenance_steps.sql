@@ -48,7 +48,10 @@ DECLARE
 BEGIN
     IF (pg_catalog.cardinality(v_misfit) = 0
         AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_route_states() AS r
-                         WHERE r.wanted IS DISTINCT FROM r.body))
+                         WHERE r.wanted IS DISTINCT FROM r.body)
+        -- (and who may execute the named receives and marks: part 35, named routes)
+        AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_named_rights() AS r
+                         WHERE r.armed IS DISTINCT FROM pg_catalog.has_function_privilege(r.role, r.fn, 'EXECUTE')))
        OR NOT mailbox._try_ddl_lock() THEN
         RETURN 0;
     END IF;

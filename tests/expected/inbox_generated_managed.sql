@@ -187,6 +187,8 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE

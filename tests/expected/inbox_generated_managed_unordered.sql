@@ -180,6 +180,8 @@ END$function$
 CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -197,11 +199,13 @@ BEGIN
        OR $2 IS NULL THEN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
-    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL;
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
+     WHERE t.event_id = $2 COLLATE pg_catalog."default" AND t.processed_at IS NULL;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting('mailbox.claim_unleased_1', TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
-         WHERE l.inbox_key OPERATOR(pg_catalog.=) 1 AND l.event_id OPERATOR(pg_catalog.=) $2;
+         WHERE l.inbox_key OPERATOR(pg_catalog.=) 1
+           AND l.event_id OPERATOR(pg_catalog.=) $2 COLLATE pg_catalog."default";
     END IF;
     IF mailbox._inbox_route_named_version('gen') IS DISTINCT FROM '<version>' THEN
         RAISE EXCEPTION 'inbox % changed while this transaction was open', 'gen'

@@ -58,14 +58,15 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
     ]
     # a managed table's owner is the extension owner, whose pinned public functions call
     # them already as that owner: invoker functions with no SET clause of their own; but the
-    # named receive, which the caller of the inlined inbox_receive calls itself (part 35,
-    # named receive): SECURITY DEFINER with a pinned search_path
+    # named receive and mark, which the callers of the inlined inbox_receive and
+    # inbox_mark_processed call themselves (part 35, named receive): SECURITY DEFINER with a
+    # pinned search_path
     extension_owner = scalar(
         db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
     )
     for name, definer, config, public, owner in got:
         assert not public and owner == extension_owner
-        if name.endswith("_receive_named"):
+        if name.endswith("_named"):
             assert definer and config == ["search_path=pg_catalog, mailbox, pg_temp"], name
         else:
             assert not definer and config is None, name

@@ -61,10 +61,10 @@ def test_every_function_has_a_pinned_search_path(db):
     # The exceptions: the inbox routers (part 35, routes) and the named ones (part 35, named
     # routes), one-expression SQL functions left without SET so the planner inlines them into
     # the pinned public functions (test_the_routers_name_nothing_a_search_path_... and
-    # test_the_named_routers_name_nothing_a_search_path_...); inbox_receive, one expression
-    # inlined into its caller's statement for the same reason, that calls two pinned
-    # SECURITY DEFINER functions by qualified names
-    # (inbox/test_inbox_receive_inlined.py::test_the_callers_search_path_redirects_nothing);
+    # test_the_named_routers_name_nothing_a_search_path_...); inbox_receive and
+    # inbox_mark_processed(text, text), one expression each inlined into its caller's
+    # statement for the same reason, that calls two pinned SECURITY DEFINER functions by
+    # qualified names (inbox/test_inbox_inlined.py::test_the_callers_search_path_redirects_...);
     # enable_outbox, an
     # invoker function that must resolve its table argument with the caller's search_path
     # (it calls the definer _enable_outbox); the
@@ -94,6 +94,7 @@ def test_every_function_has_a_pinned_search_path(db):
         "mailbox._inbox_route_unsettled(mailbox._inbox,text[])",
         "mailbox._settings()",
         "mailbox.enable_outbox(text,integer,integer,text,boolean,integer)",
+        "mailbox.inbox_mark_processed(text,text)",
         "mailbox.inbox_receive(text,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox.run_numberer(integer)",
     ]

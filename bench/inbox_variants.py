@@ -1,0 +1,181 @@
+"""Variants of one inbox call timed against each other by backend CPU (issue 11): what one
+piece of the shipped code costs, measured beside the code without it.
+
+bench/inbox_cpu.py compares the API with its plain-SQL baselines; when a change moves a
+case by a few microseconds, that table's round-to-round spread hides it. Here every variant
+runs on a connection of its own, in one scratch database on one server, the variants taking
+turns (the first of each turn rotating), and each turn's backend CPU is read from
+`/proc/<pid>/schedstat` around the measured calls only (client and backends pinned as in
+inbox_cpu.py). The table gives each variant's median per call, and the median of the
+per-turn differences from the first variant with their quartiles: a difference inside its
+quartiles is noise.
+
+Cases:
+- mark: one inbox_mark_processed(text, text) per message, 195 a transaction, into a managed
+  inbox whose messages nobody claimed (so the named mark's lease DELETE runs): the shipped,
+  inlined function; "old shape", the PL/pgSQL SECURITY DEFINER wrapper it was before
+  2026-12-07 (router, then the full path), made in the scratch database; the generated named
+  mark called directly (the bound of the inlining); the plain UPDATE (what any function
+  adds to);
+- claim: a transaction of claim 10, one UPDATE marking the claimed ids, COMMIT (the claim's
+  settle at commit included): the plain SELECT ... FOR UPDATE SKIP LOCKED LIMIT 10 with
+  inbox_claim's columns; inbox_claim; the generated claim called directly with the inbox's
+  catalog row (no lookup, no open claim, nothing settled at commit).
+
+Usage: python bench/inbox_variants.py [--dsn ...] [--case mark|claim] [--messages N]
+The DSN's user must be allowed to CREATE DATABASE; the server must run on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import inbox_bench as ib  # noqa: E402
+from inbox_cpu import CLIENT_CPU, Backend  # noqa: E402
+
+# inbox_mark_processed(text, text) as it was before it was inlined (2026-12-07)
+OLD_MARK = """
+CREATE FUNCTION public.mark_old_shape(p_inbox text, p_event_id text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, mailbox, pg_temp AS $$
+DECLARE
+    v_named boolean;
+BEGIN
+    v_named := mailbox._inbox_route_processed_named(p_inbox, p_event_id);
+    IF v_named IS NOT NULL THEN
+        RETURN v_named;
+    END IF;
+    RETURN mailbox._inbox_mark_processed_full(p_inbox, p_event_id);
+END $$"""
+
+TURN_MARKS, TURN_CLAIMS, CLAIM = 195, 20, 10
+
+
+def fill(db, inbox, n):
+    db.execute(f"SELECT mailbox.create_inbox('{inbox}')")
+    db.execute(
+        "SELECT count(*) FROM mailbox.inbox_receive_batch(%s, (SELECT jsonb_agg("
+        "jsonb_build_object('p_event_id', 'm' || g, 'p_payload', '{\"a\": 1}'::jsonb))"
+        " FROM generate_series(1, %s) g))",
+        [inbox, n],
+    )
+    db.execute(f"VACUUM ANALYZE mailbox.{inbox}")
+    return db.execute(
+        "SELECT inbox_key FROM mailbox._inbox WHERE inbox_name = %s", [inbox]
+    ).fetchone()[0]
+
+
+def build(db, dsn, n, pin, shapes, variant):
+    """One inbox of n messages and one pinned connection per shape; variant(name, sql, inbox,
+    backend) returns (name, turn), turn() the backend CPU of one turn in ns per unit."""
+    out = []
+    for i, (name, sql) in enumerate(shapes.items()):
+        inbox = f"v{i}"
+        k = fill(db, inbox, n)
+        backend = Backend(dsn, autocommit=True, pin=pin)
+        out.append(variant(name, sql.format(k=k, inbox=inbox), inbox, backend))
+    return out
+
+
+def mark_case(db, dsn, n, pin):
+    db.execute(OLD_MARK)
+    shapes = {
+        "inbox_mark_processed": "SELECT mailbox.inbox_mark_processed(%(inbox)s, %(id)s)",
+        "old shape": "SELECT public.mark_old_shape(%(inbox)s, %(id)s)",
+        "named mark, direct": "SELECT mailbox._inbox_{k}_processed_named(NULL, %(id)s)",
+        "plain UPDATE": "UPDATE mailbox.{inbox} SET processed_at = clock_timestamp()"
+        " WHERE event_id = %(id)s AND processed_at IS NULL RETURNING true",
+    }
+
+    def variant(name, sql, inbox, backend):
+        ids = iter(range(1, n + 1))
+        cur = backend.conn.cursor()
+
+        def turn():
+            with backend.conn.transaction():
+                for _ in range(5):  # plans, before the clock
+                    cur.execute(sql, {"inbox": inbox, "id": f"m{next(ids)}"})
+                start = backend.cpu_ns()
+                for _ in range(TURN_MARKS):
+                    row = cur.execute(sql, {"inbox": inbox, "id": f"m{next(ids)}"}).fetchone()
+                    assert row[0] is True, name
+                return (backend.cpu_ns() - start) / TURN_MARKS
+
+        return name, turn
+
+    return build(db, dsn, n, pin, shapes, variant), n // (TURN_MARKS + 5), "us per mark"
+
+
+def claim_case(db, dsn, n, pin):
+    columns = ib.MESSAGE_COLUMNS
+    shapes = {
+        "SKIP LOCKED LIMIT 10": f"SELECT {columns} FROM mailbox.{{inbox}}"
+        f" WHERE processed_at IS NULL ORDER BY received_at LIMIT {CLAIM} FOR UPDATE SKIP LOCKED",
+        "inbox_claim": f"SELECT {columns} FROM mailbox.inbox_claim('{{inbox}}', 'w', {CLAIM}, 30)",
+        "generated claim, direct": f"SELECT {columns} FROM pg_catalog.unnest("
+        "mailbox._inbox_{k}_claim((SELECT i FROM mailbox._inbox AS i"
+        f" WHERE i.inbox_name = '{{inbox}}'), {CLAIM}, clock_timestamp(), false))",
+    }
+
+    def variant(name, sql, inbox, backend):
+        mark = (
+            f"UPDATE mailbox.{inbox} SET processed_at = clock_timestamp() WHERE event_id = ANY(%s)"
+        )
+        cur = backend.conn.cursor()
+
+        def turn():
+            start = backend.cpu_ns()
+            for _ in range(TURN_CLAIMS):
+                with backend.conn.transaction():
+                    ids = [r[0] for r in cur.execute(sql).fetchall()]
+                    assert len(ids) == CLAIM, name
+                    cur.execute(mark, [ids])
+            return (backend.cpu_ns() - start) / TURN_CLAIMS
+
+        return name, turn
+
+    return build(db, dsn, n, pin, shapes, variant), n // (TURN_CLAIMS * CLAIM), "us per transaction"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--case", choices=("mark", "claim"), default="mark")
+    parser.add_argument("--messages", type=int, default=120000)
+    parser.add_argument("--warm-turns", type=int, default=3)
+    args = parser.parse_args()
+    pin = (os.cpu_count() or 1) >= 2
+    if pin:
+        os.sched_setaffinity(0, {CLIENT_CPU})
+    name, dsn = ib.scratch_database(args.dsn)
+    try:
+        with ib.connect(dsn) as db:
+            case = mark_case if args.case == "mark" else claim_case
+            variants, turns, unit = case(db, dsn, args.messages, pin)
+            got = {v: [] for v, _ in variants}
+            for t in range(turns):
+                order = variants[t % len(variants) :] + variants[: t % len(variants)]
+                for v, turn in order:
+                    us = turn() / 1000
+                    if t >= args.warm_turns:
+                        got[v].append(us)
+    finally:
+        with ib.connect(args.dsn) as db:
+            db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    first = variants[0][0]
+    print(f"\n{args.case}: backend CPU, {unit}; {len(got[first])} turns each, taking turns")
+    print(f"{'variant':28s} {'median':>8s} {'minus ' + first[:14]:>22s}  quartiles")
+    for v, _ in variants:
+        d = [a - b for a, b in zip(got[v], got[first], strict=True)]
+        q = statistics.quantiles(d) if len(d) > 1 else [0, 0, 0]
+        median, diff = statistics.median(got[v]), statistics.median(d)
+        print(f"{v:28s} {median:8.1f} {diff:22.1f}  {q[0]:.1f} .. {q[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
