@@ -49,33 +49,42 @@
 -- the table owner sees them) become lease rows and the claim row is deleted. Called at commit
 -- by the deferred trigger below, and by inbox_claim for the open claims of its own
 -- transaction before it claims again (so the new claim, like every claim, skips them by
--- their lease rows).
+-- their lease rows), and by _inbox_hold_in_flight (part 34).
+-- No SET clause: its callers are those three, SECURITY DEFINER or pinned themselves, whose
+-- search_path it runs with (nobody else may execute it). At commit a SET of search_path here
+-- cost about 40 us of backend CPU per claim, a tenth of what a claim of 10 adds to a plain
+-- SKIP LOCKED claim (docs/benchmarks.md). Even so its body names nothing a search_path could
+-- redirect, as the routers' (part 35, routes): every function, operator and type qualified.
 CREATE FUNCTION mailbox._inbox_settle(p_claim_no bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 DECLARE
     v_claim record;
     v_inbox mailbox._inbox;
-    v_left text[];
-    v_won int;
+    v_left pg_catalog.text[];
+    v_won pg_catalog.int8;
 BEGIN
-    -- the row as it is now (a failure report may have taken ids out since the insert), with
-    -- its inbox (drop_inbox deletes the open claims of its transaction)
-    DELETE FROM mailbox._inbox_open_claim AS o USING mailbox._inbox AS i
-     WHERE o.claim_no = p_claim_no AND i.inbox_key = o.inbox_key
-    RETURNING o.inbox_key, o.event_ids, o.lease_until, o.leased_by, o.leased_by_pid, i AS inbox INTO v_claim;
-    IF NOT FOUND OR pg_catalog.cardinality(v_claim.event_ids) = 0 THEN
-        RETURN; -- settled already (by a batch mark or an earlier call), or nothing is left
-    END IF;
-    v_inbox := v_claim.inbox;
-    v_left := mailbox._inbox_route_unsettled(v_inbox, v_claim.event_ids); -- part 35, routes
-    IF v_left IS NULL THEN
+    -- one statement: the row as it is now (a failure report may have taken ids out since the
+    -- insert), deleted, with its inbox (drop_inbox deletes the open claims of its transaction)
+    -- and the ids still pending (part 35, routes). No row: settled already (by a batch mark
+    -- or an earlier call), or nothing is left.
+    WITH d AS (
+        DELETE FROM mailbox._inbox_open_claim AS o WHERE o.claim_no OPERATOR(pg_catalog.=) p_claim_no
+        RETURNING o.inbox_key, o.event_ids, o.lease_until, o.leased_by, o.leased_by_pid
+    )
+    SELECT d.inbox_key, d.lease_until, d.leased_by, d.leased_by_pid, i AS inbox,
+           mailbox._inbox_route_unsettled(i, d.event_ids) AS pending
+      INTO v_claim
+      FROM d JOIN mailbox._inbox AS i ON i.inbox_key OPERATOR(pg_catalog.=) d.inbox_key
+     WHERE pg_catalog.cardinality(d.event_ids) OPERATOR(pg_catalog.>) 0;
+    IF v_claim.pending IS NULL THEN
         RETURN;
     END IF;
+    v_inbox := v_claim.inbox;
+    v_left := v_claim.pending;
     -- this transaction now has lease rows of the inbox (Marks without a lease, above)
-    PERFORM pg_catalog.set_config('mailbox.claim_unleased_' || v_claim.inbox_key, '', TRUE);
+    PERFORM pg_catalog.set_config(pg_catalog.concat('mailbox.claim_unleased_', v_claim.inbox_key), '', TRUE);
     -- the claim held these rows locked since it re-read their leases, so no live lease or
     -- retry time of another worker can be in the way; the WHERE only keeps that true
     WITH won AS (
@@ -86,14 +95,15 @@ BEGIN
             ON CONFLICT ON CONSTRAINT _inbox_lease_pkey DO UPDATE
            SET lease_until = excluded.lease_until, leased_by = excluded.leased_by, next_attempt_at = NULL,
                leased_by_pid = excluded.leased_by_pid
-         WHERE (x.lease_until IS NULL OR x.lease_until <= pg_catalog.clock_timestamp())
-           AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= pg_catalog.clock_timestamp())
+         WHERE (x.lease_until IS NULL OR x.lease_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp())
+           AND (x.next_attempt_at IS NULL OR x.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp())
         RETURNING 1
     )
     SELECT pg_catalog.count(*) INTO v_won FROM won;
-    IF v_won <> pg_catalog.cardinality(v_left) THEN
+    IF v_won OPERATOR(pg_catalog.<>) pg_catalog.cardinality(v_left) THEN
         RAISE EXCEPTION 'inbox claim of % could not be settled: % of % leases are held by another worker',
-            v_inbox.inbox_name, pg_catalog.cardinality(v_left) - v_won, pg_catalog.cardinality(v_left)
+            v_inbox.inbox_name, pg_catalog.cardinality(v_left) OPERATOR(pg_catalog.-) v_won,
+            pg_catalog.cardinality(v_left)
             USING ERRCODE = 'XX000',
                   HINT = 'This is a bug in pg_mailbox; the transaction was rolled back, so no message was lost.';
     END IF;
@@ -195,8 +205,8 @@ SET search_path = pg_catalog, mailbox, pg_temp
 AS $$
 BEGIN
     -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call
-    -- (claim 100 + batch mark: 0.64-0.65 of its baseline with this probe, 0.60-0.64 with a
-    -- call that finds no row, bench/inbox_cpu.py)
+    -- (claim 100 + batch mark: 70-120 us of backend CPU more per claim without this probe,
+    -- bench/inbox_variants.py --batch 100 --batch-mark, docs/benchmarks.md)
     IF EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.claim_no = NEW.claim_no) THEN
         PERFORM mailbox._inbox_settle(NEW.claim_no);
     END IF;

@@ -70,6 +70,9 @@ def test_every_function_has_a_pinned_search_path(db):
     # (it calls the definer _enable_outbox); the
     # procedure run_numberer, which commits and so may not have a SET clause (it pins the
     # path with set_config first: test_run_numberer_resolves_no_operator_through_the_callers_path);
+    # _inbox_settle, an invoker function that only the pinned SECURITY DEFINER settle trigger,
+    # inbox_claim and _inbox_hold_in_flight call (a SET of its own cost a tenth of a claim;
+    # test_nobody_but_the_extension_may_settle_a_claim);
     # and the settings registry _settings(), a VALUES list of literals that names nothing a
     # path could redirect, left without SET so the planner inlines it into the parsers
     # (test_the_settings_registry_names_nothing_a_search_path_could_redirect)
@@ -92,12 +95,77 @@ def test_every_function_has_a_pinned_search_path(db):
         "mailbox._inbox_route_receive_batch(mailbox._inbox,jsonb)",
         "mailbox._inbox_route_receive_named(text,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox._inbox_route_unsettled(mailbox._inbox,text[])",
+        "mailbox._inbox_settle(bigint)",
         "mailbox._settings()",
         "mailbox.enable_outbox(text,integer,integer,text,boolean,integer)",
         "mailbox.inbox_mark_processed(text,text)",
         "mailbox.inbox_receive(text,text,jsonb,text,text,text,bigint,jsonb,text,integer)",
         "mailbox.run_numberer(integer)",
     ]
+
+
+def test_nobody_but_the_extension_may_settle_a_claim(db):
+    """_inbox_settle has no SET clause (it runs with its pinned callers' search_path), so no
+    role but its owner may execute it: called by a hostile role under a search_path of its
+    own, it would write lease rows of any inbox."""
+    settle = "mailbox._inbox_settle(bigint)"
+    owner = scalar(
+        db, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = %s::regprocedure", [settle]
+    )
+    acl = scalar(db, "SELECT proacl::text[] FROM pg_proc WHERE oid = %s::regprocedure", [settle])
+    assert acl == [f"{owner}=X/{owner}"]
+    for role in ("mailbox_consumer", "mailbox_producer", "mailbox_admin", "public"):
+        assert (
+            scalar(db, "SELECT has_function_privilege(%s, %s, 'EXECUTE')", [role, settle]) is False
+        ), role
+    consumer = make_role(db, "mailbox_consumer", "mailbox_admin")
+    db.execute(f'SET ROLE "{consumer}"')
+    with raises("42501"):
+        db.execute("SELECT mailbox._inbox_settle(1)")
+    db.execute("RESET ROLE")
+    drop_role(db, consumer)
+
+
+def test_settling_a_claim_names_nothing_a_search_path_could_redirect(db):
+    """_inbox_settle runs with its caller's search_path (it has no SET clause): a review found
+    an unqualified text || int, which an exact operator in any schema on the path wins over
+    pg_catalog's polymorphic one. Called under a path of decoys for every operator and type it
+    uses, it uses none of them."""
+    db.execute("SELECT mailbox.create_inbox('sec')")
+    for i in range(3):
+        db.execute("SELECT mailbox.inbox_receive('sec', %s, '{}')", [f"s{i}"])
+    db.execute("CREATE SCHEMA decoy")
+    db.execute(
+        "CREATE FUNCTION decoy.boom() RETURNS boolean LANGUAGE plpgsql AS"
+        " $$BEGIN RAISE EXCEPTION 'decoy called' USING ERRCODE = 'P0099'; END$$"
+    )
+    for op, left, right in (
+        ("||", "text", "integer"),
+        ("<=", "timestamp with time zone", "timestamp with time zone"),
+        ("<>", "bigint", "integer"),
+        ("-", "integer", "bigint"),
+        ("=", "bigint", "bigint"),
+        ("=", "integer", "integer"),
+        (">", "integer", "integer"),
+    ):
+        name = f"decoy_{abs(hash((op, left, right)))}"
+        db.execute(
+            f"CREATE FUNCTION decoy.{name}(a {left}, b {right}) RETURNS boolean LANGUAGE sql"
+            " AS 'SELECT decoy.boom()'"
+        )
+        db.execute(
+            f"CREATE OPERATOR decoy.{op} (LEFTARG = {left}, RIGHTARG = {right},"
+            f" FUNCTION = decoy.{name})"
+        )
+    db.execute("CREATE DOMAIN decoy.text AS pg_catalog.text CHECK (decoy.boom())")
+    db.execute("CREATE DOMAIN decoy.int8 AS pg_catalog.int8 CHECK (decoy.boom())")
+    with db.transaction():
+        assert scalar(db, "SELECT count(*) FROM mailbox.inbox_claim('sec', 'w', 3, 30)") == 3
+        db.execute("SET LOCAL search_path = decoy, pg_catalog")
+        db.execute("SELECT mailbox._inbox_settle(claim_no) FROM mailbox._inbox_open_claim")
+        db.execute("RESET search_path")
+        assert scalar(db, "SELECT count(*) FROM mailbox._inbox_lease") == 3
+    db.execute("DROP SCHEMA decoy CASCADE")
 
 
 def test_the_routers_name_nothing_a_search_path_could_redirect(db):
