@@ -22,8 +22,10 @@ ALTER TABLE mailbox._inbox ADD COLUMN held_until timestamptz;
 UPDATE mailbox._inbox AS i
    SET has_grants = TRUE
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
--- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
-CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
+-- Issue 11: a transaction's open claims looked up by inbox and transaction through an index
+-- (part 30), not a heap of dead rows. The table is empty outside open transactions.
+ALTER TABLE mailbox._inbox_open_claim ADD COLUMN xact_id xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id();
+CREATE INDEX _inbox_open_claim_xact_idx ON mailbox._inbox_open_claim (inbox_key, xact_id);
 -- Issue 11: open claims write no WAL (part 30: a row never outlives its transaction; the table
 -- is empty outside open transactions, so the rewrite is instant).
 ALTER TABLE mailbox._inbox_open_claim SET UNLOGGED;
@@ -5497,7 +5499,8 @@ BEGIN
            pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
              OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
                 IS DISTINCT FROM i.table_rel AS moved,
-           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
+           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o
+                    WHERE o.inbox_key = i.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                     WHERE w.inbox_key = i.inbox_key AND w.backend_pid = pg_catalog.pg_backend_pid()) AS waiting
@@ -5522,7 +5525,7 @@ BEGIN
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
     IF v_found.open THEN
         PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-          WHERE o.inbox_key = v_inbox.inbox_key;
+          WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned();
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);
@@ -6581,7 +6584,7 @@ DECLARE
 BEGIN
     -- this transaction's own open claims of the inbox (the only ones it can see) lease now
     PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-      WHERE o.inbox_key = p_inbox.inbox_key;
+      WHERE o.inbox_key = p_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned();
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
      WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)
@@ -8342,11 +8345,13 @@ BEGIN
     IF v_inbox.ordering_first_sequence IS NULL THEN
         SELECT mailbox._inbox_route_processed_count(v_inbox, p_event_ids) INTO v_count -- part 35, routes
          WHERE EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o
-                        WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids);
+                        WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
+                          AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids);
         IF FOUND THEN
             IF v_count > 0 THEN
                 DELETE FROM mailbox._inbox_open_claim AS o
-                 WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+                 WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
+                   AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
             END IF;
             RETURN v_count;
         END IF;
@@ -8363,7 +8368,7 @@ BEGIN
     -- element with every other.)
     WITH settled AS (
         DELETE FROM mailbox._inbox_open_claim AS o
-         WHERE o.inbox_key = v_inbox.inbox_key
+         WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
            AND (o.event_ids OPERATOR(pg_catalog.=) p_event_ids
                 OR NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(o.event_ids) AS e (id)
                                 WHERE e.id NOT IN (SELECT pg_catalog.unnest(p_event_ids))))
@@ -8743,7 +8748,7 @@ AS $$
     UPDATE mailbox._inbox_open_claim AS o
        SET event_ids = ARRAY(SELECT e.id FROM pg_catalog.unnest(o.event_ids) AS e (id)
                               WHERE e.id <> ALL (p_event_ids))
-     WHERE o.inbox_key = p_inbox_key AND o.event_ids && p_event_ids;
+     WHERE o.inbox_key = p_inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned() AND o.event_ids && p_event_ids;
 $$;
 
 -- sql/functions/38_inbox_status.sql

@@ -176,7 +176,8 @@ BEGIN
            pg_catalog.pg_relation_is_updatable(i.table_rel, FALSE) = 0 -- (part 30, _inbox_check_table)
              OR pg_catalog.to_regclass(pg_catalog.format('%I.%I', i.schema_name, i.table_name))
                 IS DISTINCT FROM i.table_rel AS moved,
-           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o WHERE o.inbox_key = i.inbox_key) AS open,
+           EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o
+                    WHERE o.inbox_key = i.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()) AS open,
            EXISTS (SELECT 1 FROM mailbox._inbox_lease AS l WHERE l.inbox_key = i.inbox_key) AS leased,
            EXISTS (SELECT 1 FROM mailbox._inbox_waiter AS w
                     WHERE w.inbox_key = i.inbox_key AND w.backend_pid = pg_catalog.pg_backend_pid()) AS waiting
@@ -201,7 +202,7 @@ BEGIN
     -- so this claim skips them as it skips every leased message (part 37, claim settle)
     IF v_found.open THEN
         PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-          WHERE o.inbox_key = v_inbox.inbox_key;
+          WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned();
     END IF;
     v_now := pg_catalog.clock_timestamp();
     v_until := v_now + pg_catalog.make_interval(secs => p_visibility_seconds);

@@ -30,7 +30,7 @@ DECLARE
 BEGIN
     -- this transaction's own open claims of the inbox (the only ones it can see) lease now
     PERFORM mailbox._inbox_settle(o.claim_no) FROM mailbox._inbox_open_claim AS o
-      WHERE o.inbox_key = p_inbox.inbox_key;
+      WHERE o.inbox_key = p_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned();
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = NULL
      WHERE l.inbox_key = p_inbox.inbox_key AND l.aggregate_id IS NOT NULL;
     UPDATE mailbox._inbox_lease AS l SET aggregate_id = h.agg, lease_until = GREATEST(l.lease_until, h.until)

@@ -130,11 +130,13 @@ BEGIN
     IF v_inbox.ordering_first_sequence IS NULL THEN
         SELECT mailbox._inbox_route_processed_count(v_inbox, p_event_ids) INTO v_count -- part 35, routes
          WHERE EXISTS (SELECT 1 FROM mailbox._inbox_open_claim AS o
-                        WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids);
+                        WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
+                          AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids);
         IF FOUND THEN
             IF v_count > 0 THEN
                 DELETE FROM mailbox._inbox_open_claim AS o
-                 WHERE o.inbox_key = v_inbox.inbox_key AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
+                 WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
+                   AND o.event_ids OPERATOR(pg_catalog.=) p_event_ids;
             END IF;
             RETURN v_count;
         END IF;
@@ -151,7 +153,7 @@ BEGIN
     -- element with every other.)
     WITH settled AS (
         DELETE FROM mailbox._inbox_open_claim AS o
-         WHERE o.inbox_key = v_inbox.inbox_key
+         WHERE o.inbox_key = v_inbox.inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned()
            AND (o.event_ids OPERATOR(pg_catalog.=) p_event_ids
                 OR NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(o.event_ids) AS e (id)
                                 WHERE e.id NOT IN (SELECT pg_catalog.unnest(p_event_ids))))

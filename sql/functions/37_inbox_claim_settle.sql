@@ -232,5 +232,5 @@ AS $$
     UPDATE mailbox._inbox_open_claim AS o
        SET event_ids = ARRAY(SELECT e.id FROM pg_catalog.unnest(o.event_ids) AS e (id)
                               WHERE e.id <> ALL (p_event_ids))
-     WHERE o.inbox_key = p_inbox_key AND o.event_ids && p_event_ids;
+     WHERE o.inbox_key = p_inbox_key AND o.xact_id = pg_catalog.pg_current_xact_id_if_assigned() AND o.event_ids && p_event_ids;
 $$;

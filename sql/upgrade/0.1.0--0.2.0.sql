@@ -17,8 +17,10 @@ ALTER TABLE mailbox._inbox ADD COLUMN held_until timestamptz;
 UPDATE mailbox._inbox AS i
    SET has_grants = TRUE
  WHERE EXISTS (SELECT 1 FROM mailbox._object_grant AS g WHERE g.object_kind = 'inbox' AND g.object_key = i.inbox_key);
--- Issue 11: open claims looked up by inbox through an index, not a heap of dead rows.
-CREATE INDEX _inbox_open_claim_inbox_key_idx ON mailbox._inbox_open_claim (inbox_key);
+-- Issue 11: a transaction's open claims looked up by inbox and transaction through an index
+-- (part 30), not a heap of dead rows. The table is empty outside open transactions.
+ALTER TABLE mailbox._inbox_open_claim ADD COLUMN xact_id xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id();
+CREATE INDEX _inbox_open_claim_xact_idx ON mailbox._inbox_open_claim (inbox_key, xact_id);
 -- Issue 11: open claims write no WAL (part 30: a row never outlives its transaction; the table
 -- is empty outside open transactions, so the rewrite is instant).
 ALTER TABLE mailbox._inbox_open_claim SET UNLOGGED;
