@@ -7749,14 +7749,27 @@ RETURNS TABLE (fn regprocedure, role text, armed boolean)
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    WITH arms AS (SELECT a.inbox_key, a.ordered FROM mailbox._inbox_named_arms() AS a)
     SELECT p.oid::pg_catalog.regprocedure,
            CASE WHEN p.proname LIKE '%\_receive\_named' THEN 'mailbox_producer' ELSE 'mailbox_consumer' END,
-           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a
+           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM arms AS a
                          UNION ALL
-                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM mailbox._inbox_named_arms() AS a
-                          WHERE NOT a.ordered)
+                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM arms AS a WHERE NOT a.ordered)
       FROM pg_catalog.pg_proc AS p
      WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_(receive|processed)_named$';
+$$;
+
+-- The three named routers: kind (as _inbox_route_named_sql and _inbox_route_body name it), the
+-- function, its arguments, its result and its volatility.
+CREATE OR REPLACE FUNCTION mailbox._inbox_named_route_kinds()
+RETURNS TABLE (kind text, fn text, args text, returns text, volatility text)
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    VALUES ('receive_named', '_inbox_route_receive_named', 'text, text, jsonb, text, text, text, bigint, jsonb, text, int',
+            'boolean', 'VOLATILE'),
+           ('processed_named', '_inbox_route_processed_named', 'text, text', 'boolean', 'VOLATILE'),
+           ('named_version', '_inbox_route_named_version', 'text', 'text', 'STABLE');
 $$;
 
 -- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
@@ -7772,26 +7785,17 @@ DECLARE
     v_fn regprocedure;
     v_role text;
     v_arm boolean;
+    v_router record;
 BEGIN
-    v_sql := mailbox._inbox_route_named_sql('receive_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named('
-                                  'text, text, jsonb, text, text, text, bigint, jsonb, text, int) RETURNS boolean'
-                                  ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('processed_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
-                                  ' RETURNS boolean LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('named_version');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
-                                  ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
+    FOR v_router IN SELECT * FROM mailbox._inbox_named_route_kinds() LOOP
+        v_sql := mailbox._inbox_route_named_sql(v_router.kind);
+        IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(v_router.kind) THEN
+            EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox.%I(%s) RETURNS %s LANGUAGE sql %s'
+                                      ' SECURITY INVOKER AS %L', v_router.fn, v_router.args, v_router.returns,
+                                      v_router.volatility, v_sql);
+            v_built := v_built + 1;
+        END IF;
+    END LOOP;
     -- who may execute the named receives and marks (_inbox_named_rights): only a change is
     -- written (each one invalidates the plans that name the function)
     FOR v_fn, v_role, v_arm IN
@@ -7833,7 +7837,7 @@ AS $$
       FROM mailbox._inbox_route_kinds() AS k
     UNION ALL
     SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
-      FROM (VALUES ('receive_named'), ('processed_named'), ('named_version')) AS n (kind);
+      FROM mailbox._inbox_named_route_kinds() AS n;
 $$;
 
 -- sql/functions/35_inbox_routes.sql
@@ -9475,6 +9479,27 @@ AS $$
         DELETE FROM mailbox._inbox_lease AS l
          WHERE (l.lease_until IS NULL OR l.lease_until < pg_catalog.clock_timestamp())
            AND (l.next_attempt_at IS NULL OR l.next_attempt_at < pg_catalog.clock_timestamp())
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;
+
+-- Deletes open claims that outlived their transaction unsettled. Such a row can only exist
+-- when its transaction committed without firing the settle trigger (a superuser session with
+-- session_replication_role = replica, or the trigger disabled), or was restored with triggers
+-- disabled. What it claimed has no lease and is claimable at once; every lookup asks for its
+-- own transaction's rows (xact_id, part 30), so the row only takes space. It also carries a
+-- transaction id that a restored cluster could hand out again. Every row this statement sees
+-- is such a row, except the rows of the caller's own transaction, which it leaves alone:
+-- another transaction's open claims are not committed, so they are invisible here.
+CREATE OR REPLACE FUNCTION mailbox._forget_unsettled_inbox_claims()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._inbox_open_claim AS o
+         WHERE o.xact_id IS DISTINCT FROM pg_catalog.pg_current_xact_id_if_assigned()
         RETURNING 1
     )
     SELECT pg_catalog.count(*) FROM gone;

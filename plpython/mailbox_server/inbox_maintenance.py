@@ -143,6 +143,9 @@ def run(plpy):
     result["inbox_waits_expired"] = spi.execute(
         plpy, "SELECT mailbox._forget_expired_inbox_waiters() AS n"
     )[0]["n"]
+    result["inbox_claims_forgotten"] = spi.execute(
+        plpy, "SELECT mailbox._forget_unsettled_inbox_claims() AS n"
+    )[0]["n"]
     # a restored database has the extension script's routers (every inbox call dynamic)
     result["inbox_routes_rebuilt"] = spi.execute(
         plpy, "SELECT mailbox._inbox_refresh_routes() AS n"

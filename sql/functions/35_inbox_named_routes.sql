@@ -71,14 +71,27 @@ RETURNS TABLE (fn regprocedure, role text, armed boolean)
 LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    WITH arms AS (SELECT a.inbox_key, a.ordered FROM mailbox._inbox_named_arms() AS a)
     SELECT p.oid::pg_catalog.regprocedure,
            CASE WHEN p.proname LIKE '%\_receive\_named' THEN 'mailbox_producer' ELSE 'mailbox_consumer' END,
-           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM mailbox._inbox_named_arms() AS a
+           p.proname IN (SELECT '_inbox_' || a.inbox_key || '_receive_named' FROM arms AS a
                          UNION ALL
-                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM mailbox._inbox_named_arms() AS a
-                          WHERE NOT a.ordered)
+                         SELECT '_inbox_' || a.inbox_key || '_processed_named' FROM arms AS a WHERE NOT a.ordered)
       FROM pg_catalog.pg_proc AS p
      WHERE p.pronamespace = 'mailbox'::regnamespace AND p.proname ~ '^_inbox_[0-9]+_(receive|processed)_named$';
+$$;
+
+-- The three named routers: kind (as _inbox_route_named_sql and _inbox_route_body name it), the
+-- function, its arguments, its result and its volatility.
+CREATE FUNCTION mailbox._inbox_named_route_kinds()
+RETURNS TABLE (kind text, fn text, args text, returns text, volatility text)
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    VALUES ('receive_named', '_inbox_route_receive_named', 'text, text, jsonb, text, text, text, bigint, jsonb, text, int',
+            'boolean', 'VOLATILE'),
+           ('processed_named', '_inbox_route_processed_named', 'text, text', 'boolean', 'VOLATILE'),
+           ('named_version', '_inbox_route_named_version', 'text', 'text', 'STABLE');
 $$;
 
 -- Rebuilds the named routers whose body is not what the catalog asks for now (callers hold
@@ -94,26 +107,17 @@ DECLARE
     v_fn regprocedure;
     v_role text;
     v_arm boolean;
+    v_router record;
 BEGIN
-    v_sql := mailbox._inbox_route_named_sql('receive_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('receive_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_receive_named('
-                                  'text, text, jsonb, text, text, text, bigint, jsonb, text, int) RETURNS boolean'
-                                  ' LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('processed_named');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('processed_named') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_processed_named(text, text)'
-                                  ' RETURNS boolean LANGUAGE sql VOLATILE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
-    v_sql := mailbox._inbox_route_named_sql('named_version');
-    IF v_sql IS DISTINCT FROM mailbox._inbox_route_body('named_version') THEN
-        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox._inbox_route_named_version(text) RETURNS text'
-                                  ' LANGUAGE sql STABLE SECURITY INVOKER AS %L', v_sql);
-        v_built := v_built + 1;
-    END IF;
+    FOR v_router IN SELECT * FROM mailbox._inbox_named_route_kinds() LOOP
+        v_sql := mailbox._inbox_route_named_sql(v_router.kind);
+        IF v_sql IS DISTINCT FROM mailbox._inbox_route_body(v_router.kind) THEN
+            EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION mailbox.%I(%s) RETURNS %s LANGUAGE sql %s'
+                                      ' SECURITY INVOKER AS %L', v_router.fn, v_router.args, v_router.returns,
+                                      v_router.volatility, v_sql);
+            v_built := v_built + 1;
+        END IF;
+    END LOOP;
     -- who may execute the named receives and marks (_inbox_named_rights): only a change is
     -- written (each one invalidates the plans that name the function)
     FOR v_fn, v_role, v_arm IN
@@ -155,5 +159,5 @@ AS $$
       FROM mailbox._inbox_route_kinds() AS k
     UNION ALL
     SELECT n.kind, mailbox._inbox_route_body(n.kind), mailbox._inbox_route_named_sql(n.kind)
-      FROM (VALUES ('receive_named'), ('processed_named'), ('named_version')) AS n (kind);
+      FROM mailbox._inbox_named_route_kinds() AS n;
 $$;

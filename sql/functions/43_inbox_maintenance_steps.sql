@@ -17,6 +17,27 @@ AS $$
     SELECT pg_catalog.count(*) FROM gone;
 $$;
 
+-- Deletes open claims that outlived their transaction unsettled. Such a row can only exist
+-- when its transaction committed without firing the settle trigger (a superuser session with
+-- session_replication_role = replica, or the trigger disabled), or was restored with triggers
+-- disabled. What it claimed has no lease and is claimable at once; every lookup asks for its
+-- own transaction's rows (xact_id, part 30), so the row only takes space. It also carries a
+-- transaction id that a restored cluster could hand out again. Every row this statement sees
+-- is such a row, except the rows of the caller's own transaction, which it leaves alone:
+-- another transaction's open claims are not committed, so they are invisible here.
+CREATE FUNCTION mailbox._forget_unsettled_inbox_claims()
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM mailbox._inbox_open_claim AS o
+         WHERE o.xact_id IS DISTINCT FROM pg_catalog.pg_current_xact_id_if_assigned()
+        RETURNING 1
+    )
+    SELECT pg_catalog.count(*) FROM gone;
+$$;
+
 -- Rebuilds the routers (part 35, routes) when one of them is not what the catalog asks for:
 -- after a restore, whose routers are the extension script's (every call takes the dynamic
 -- path until then). Checked without a lock; rebuilt under the DDL lock, if it is free.

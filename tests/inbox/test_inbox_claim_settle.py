@@ -572,3 +572,27 @@ def test_a_claim_reads_its_own_open_claims_only_however_many_dead_ones_wait_for_
     w.commit()
     report.rollback()
     assert used <= 16, used
+
+
+def test_a_claim_committed_without_its_settle_holds_nothing_and_maintenance_forgets_it(q, connect):
+    """A superuser session with session_replication_role = replica fires no triggers, so its
+    claim commits unsettled: its messages have no lease and are claimable at once. Its row
+    stays behind, committed; lookups pass it by (it names another transaction, so no claim
+    settles it into leases for a holder that is gone), and maintenance deletes it, but never
+    the open claim of the transaction that runs maintenance."""
+    for i in range(3):
+        receive(q, "q", f"m{i}")
+    r = connect(autocommit=False)
+    r.execute("SET session_replication_role = replica")
+    assert claim(r, "q", "repl", batch=2, visibility=600) == ["m0", "m1"]
+    r.commit()
+    assert rows(q, "SELECT leased_by FROM mailbox._inbox_open_claim") == [("repl",)]
+    w = connect(autocommit=False)
+    assert claim(w, "q", "w2", batch=3) == ["m0", "m1", "m2"]
+    assert scalar(w, "SELECT (mailbox.run_maintenance() ->> 'inbox_claims_forgotten')::int") == 1
+    assert rows(w, "SELECT leased_by FROM mailbox._inbox_open_claim") == [("w2",)]
+    assert scalar(w, "SELECT mailbox.inbox_mark_processed('q', ARRAY['m0', 'm1'])") == 2
+    w.commit()
+    assert leases(q) == [("m2", "w2", True, False)]
+    assert scalar(q, "SELECT count(*) FROM mailbox._inbox_open_claim") == 0
+    assert scalar(q, "SELECT (mailbox.run_maintenance() ->> 'inbox_claims_forgotten')::int") == 0
