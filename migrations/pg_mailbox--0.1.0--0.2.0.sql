@@ -6987,7 +6987,9 @@ $$;
 -- the leases) decides who wins a message (see part 33). The lease exclusion only spares
 -- locking a leased message: inbox_claim passes FALSE as $4 when the inbox had no lease row at
 -- all a moment before (the documented claim-and-mark-in-one-transaction pattern writes none),
--- and then it is skipped (OR stops at the first true arm). A lease committed in between is
+-- and then it is skipped: that case is a statement of its own, whose plan has no lease
+-- subplan to start (their start-up cost about 8 us of every claim while they were one
+-- statement with an OR, docs/benchmarks.md). A lease committed in between is
 -- caught by what decides; the claim then returns fewer rows, which a claim may. TRUE excludes
 -- with the hashed set where there is one (below); NULL always with a lookup per row:
 -- inbox_claim passes NULL under SERIALIZABLE, where reading the whole set (a sequential scan
@@ -7032,11 +7034,20 @@ LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
+    IF $4 IS FALSE THEN -- no lease row in the inbox a moment ago: no exclusion, no lease subplan
+        RETURN ARRAY(
+            SELECT ROW(%1$s)::mailbox._inbox_message
+              FROM (SELECT t.* FROM %3$s AS t
+                     WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
+                     ORDER BY %2$s
+                     LIMIT $2
+                       FOR UPDATE OF t SKIP LOCKED) AS t);
+    END IF;
     RETURN ARRAY(
         SELECT ROW(%1$s)::mailbox._inbox_message
           FROM (SELECT t.* FROM %3$s AS t
                  WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
-                   AND ($4 IS FALSE OR %7$s)
+                   AND %7$s
                  ORDER BY %2$s
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t);$b$,

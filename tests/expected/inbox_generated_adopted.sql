@@ -24,18 +24,29 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
+    IF $4 IS FALSE THEN -- no lease row in the inbox a moment ago: no exclusion, no lease subplan
+        RETURN ARRAY(
+            SELECT ROW(t.id::pg_catalog.text, CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
+                   CAST(NULL AS bigint), CAST(NULL AS int), CAST(NULL AS jsonb), CAST(NULL AS jsonb), CAST(NULL AS text),
+                   CAST(t.tries AS int), CAST(t.got AS timestamptz))::mailbox._inbox_message
+              FROM (SELECT t.* FROM public.legacy AS t
+                     WHERE t.done IS NULL AND t.tries < ($1).max_retries
+                     ORDER BY t.got
+                     LIMIT $2
+                       FOR UPDATE OF t SKIP LOCKED) AS t);
+    END IF;
     RETURN ARRAY(
         SELECT ROW(t.id::pg_catalog.text, CAST(NULL AS text), CAST(NULL AS text), CAST(NULL AS text),
                    CAST(NULL AS bigint), CAST(NULL AS int), CAST(NULL AS jsonb), CAST(NULL AS jsonb), CAST(NULL AS text),
                    CAST(t.tries AS int), CAST(t.got AS timestamptz))::mailbox._inbox_message
           FROM (SELECT t.* FROM public.legacy AS t
                  WHERE t.done IS NULL AND t.tries < ($1).max_retries
-                   AND ($4 IS FALSE OR CASE WHEN $4 THEN t.id IS NULL OR t.id::pg_catalog.text NOT IN (
+                   AND CASE WHEN $4 THEN t.id IS NULL OR t.id::pg_catalog.text NOT IN (
                                     SELECT pg_catalog.unnest(ARRAY(SELECT l.event_id FROM mailbox._inbox_1_lease AS l
                                      WHERE l.lease_until > $3 OR l.next_attempt_at > $3)))
                         ELSE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
                                     WHERE l.event_id = t.id::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) END)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) END
                  ORDER BY t.got
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t);

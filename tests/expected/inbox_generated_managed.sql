@@ -20,6 +20,45 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
+    IF $4 IS FALSE THEN -- no lease row in the inbox a moment ago: no exclusion, no lease subplan
+        RETURN ARRAY(
+            SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
+                   CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
+                   CAST(t.retry_count AS int), CAST(t.received_at AS timestamptz))::mailbox._inbox_message
+              FROM (SELECT t.* FROM mailbox.gen AS t
+                     WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries AND t.event_id = ANY (coalesce(CASE WHEN (
+WITH RECURSIVE aggs AS (
+    (SELECT t.aggregate_id AS agg FROM mailbox.gen AS t
+      WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL
+      ORDER BY t.aggregate_id LIMIT 1)
+    UNION ALL
+    SELECT n.agg FROM aggs AS a CROSS JOIN LATERAL (
+        SELECT t.aggregate_id AS agg FROM mailbox.gen AS t
+         WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL AND t.aggregate_id > a.agg
+         ORDER BY t.aggregate_id LIMIT 1) AS n
+) SELECT pg_catalog.count(*) FROM (SELECT 1 FROM aggs LIMIT $2 * 4 + 17) AS b) > $2 * 4 + 16 THEN (SELECT CASE WHEN pg_catalog.cardinality(h.heads) >= $2 * 4 + 16 OR (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM mailbox.gen AS t WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries LIMIT ($2 * 4 + 16) * 2) AS c) < ($2 * 4 + 16) * 2 THEN h.heads END FROM (SELECT ARRAY(SELECT r.event_id FROM (SELECT t.event_id, t.aggregate_id, t.sequence_num, t.received_at FROM mailbox.gen AS t WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries ORDER BY t.received_at LIMIT ($2 * 4 + 16) * 2) AS r WHERE r.aggregate_id IS NOT NULL AND r.sequence_num IS NOT NULL AND r.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = r.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = r.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= r.sequence_num AND (s.sequence_num < r.sequence_num OR s.event_id < r.event_id) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = r.event_id::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = r.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = r.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = s.event_id::text AND l.lease_until > $3 OFFSET 0) OFFSET 0) AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.aggregate_id = r.aggregate_id::text AND l.lease_until > $3 OFFSET 0)) LIMIT $2 * 4 + 16) AS heads OFFSET 0) AS h) END, ARRAY(SELECT n.event_id FROM (
+WITH RECURSIVE heads AS (
+    (SELECT t.aggregate_id AS agg, t.sequence_num AS seq FROM mailbox.gen AS t
+      WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL
+      ORDER BY t.aggregate_id, t.sequence_num LIMIT 1)
+    UNION ALL
+    SELECT n.agg, n.seq FROM heads AS h CROSS JOIN LATERAL (
+        SELECT t.aggregate_id AS agg, t.sequence_num AS seq FROM mailbox.gen AS t
+         WHERE t.processed_at IS NULL AND t.aggregate_id IS NOT NULL AND t.sequence_num IS NOT NULL AND t.aggregate_id > h.agg
+         ORDER BY t.aggregate_id, t.sequence_num LIMIT 1) AS n
+)
+SELECT m.* FROM heads AS h
+ CROSS JOIN mailbox._inbox_1_config AS cfg
+ CROSS JOIN LATERAL (SELECT t.* FROM mailbox.gen AS t
+                      WHERE t.aggregate_id = h.agg AND t.sequence_num = h.seq AND t.processed_at IS NULL
+                      ORDER BY t.event_id LIMIT 1) AS m
+ WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox._inbox_1_aggregate AS s WHERE s.aggregate_id = h.agg::text),
+                         cfg.ordering_first_sequence - 1) + 1
+   AND m.retry_count < cfg.max_retries) AS n WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = n.event_id::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = n.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = n.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = s.event_id::text AND l.lease_until > $3 OFFSET 0) OFFSET 0) AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.aggregate_id = n.aggregate_id::text AND l.lease_until > $3 OFFSET 0)) ORDER BY n.received_at LIMIT $2 * 4 + 16)))
+                     ORDER BY t.received_at
+                     LIMIT $2
+                       FOR UPDATE OF t SKIP LOCKED) AS t);
+    END IF;
     RETURN ARRAY(
         SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
                    CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
@@ -54,9 +93,9 @@ SELECT m.* FROM heads AS h
  WHERE h.seq <= coalesce((SELECT s.last_seq FROM mailbox._inbox_1_aggregate AS s WHERE s.aggregate_id = h.agg::text),
                          cfg.ordering_first_sequence - 1) + 1
    AND m.retry_count < cfg.max_retries) AS n WHERE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = n.event_id::text AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) AND NOT EXISTS (SELECT 1 FROM mailbox.gen AS s WHERE s.aggregate_id = n.aggregate_id AND s.processed_at IS NULL AND s.sequence_num <= coalesce((SELECT a.last_seq FROM mailbox._inbox_1_aggregate AS a WHERE a.aggregate_id = n.aggregate_id::text), ($1).ordering_first_sequence - 1) + 1 AND EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.event_id = s.event_id::text AND l.lease_until > $3 OFFSET 0) OFFSET 0) AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l WHERE l.aggregate_id = n.aggregate_id::text AND l.lease_until > $3 OFFSET 0)) ORDER BY n.received_at LIMIT $2 * 4 + 16)))
-                   AND ($4 IS FALSE OR NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
+                   AND NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
                                     WHERE l.event_id = t.event_id::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0))
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0)
                  ORDER BY t.received_at
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t);

@@ -20,18 +20,29 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
+    IF $4 IS FALSE THEN -- no lease row in the inbox a moment ago: no exclusion, no lease subplan
+        RETURN ARRAY(
+            SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
+                   CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
+                   CAST(t.retry_count AS int), CAST(t.received_at AS timestamptz))::mailbox._inbox_message
+              FROM (SELECT t.* FROM mailbox.gen AS t
+                     WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+                     ORDER BY t.received_at
+                     LIMIT $2
+                       FOR UPDATE OF t SKIP LOCKED) AS t);
+    END IF;
     RETURN ARRAY(
         SELECT ROW(t.event_id::pg_catalog.text, CAST(t.event_type AS text), CAST(t.source AS text), CAST(t.aggregate_id AS text),
                    CAST(t.sequence_num AS bigint), CAST(t.priority AS int), CAST(t.payload AS jsonb), CAST(t.headers AS jsonb), CAST(t.trace_id AS text),
                    CAST(t.retry_count AS int), CAST(t.received_at AS timestamptz))::mailbox._inbox_message
           FROM (SELECT t.* FROM mailbox.gen AS t
                  WHERE t.processed_at IS NULL AND t.retry_count < ($1).max_retries
-                   AND ($4 IS FALSE OR CASE WHEN $4 THEN t.event_id IS NULL OR t.event_id::pg_catalog.text NOT IN (
+                   AND CASE WHEN $4 THEN t.event_id IS NULL OR t.event_id::pg_catalog.text NOT IN (
                                     SELECT pg_catalog.unnest(ARRAY(SELECT l.event_id FROM mailbox._inbox_1_lease AS l
                                      WHERE l.lease_until > $3 OR l.next_attempt_at > $3)))
                         ELSE NOT EXISTS (SELECT 1 FROM mailbox._inbox_1_lease AS l
                                     WHERE l.event_id = t.event_id::pg_catalog.text
-                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) END)
+                                      AND (l.lease_until > $3 OR l.next_attempt_at > $3) OFFSET 0) END
                  ORDER BY t.received_at
                  LIMIT $2
                    FOR UPDATE OF t SKIP LOCKED) AS t);
