@@ -1430,8 +1430,8 @@ def test_drop_inbox_of_an_adopted_table_behind_a_marking_worker_does_not_deadloc
         " p_received_at_column => 'got')"
     )
     db.execute("INSERT INTO public.legacy (id) VALUES ('m0')")
-    # a lease row in the inbox (m0, claimed and left unmarked): a claim without one reads no
-    # lease view, and then this deadlock cannot happen
+    # a lease row in the inbox (m0, claimed and left unmarked): without one, this unordered
+    # inbox's claim reads no lease view, and then this deadlock cannot happen
     assert claimed_ids(db, "h", "other") == ["m0"]
     db.execute("INSERT INTO public.legacy (id) VALUES ('m1'), ('m2')")
     worker = connect(autocommit=False)
