@@ -5190,6 +5190,8 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
@@ -5280,6 +5282,8 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
@@ -5478,6 +5482,22 @@ SET plan_cache_mode = force_generic_plan
 -- above some 120,000 of them its cost passes jit_above_cost (100,000 by default) and every
 -- claim compiled its query again, about 8 ms, eight times a claim of 100 (docs/inbox.md)
 SET jit = off
+-- and never a sequential scan. A session keeps the plans of a function's statements until
+-- the tables they read change in the catalog (a VACUUM or ANALYZE, or DDL). So a worker that
+-- polled an empty inbox just vacuumed (a drained queue's table is cut to no pages) planned
+-- its claim, its marks and its lookups in the lease and open-claim tables as scans of empty
+-- tables, and kept scanning the whole table through the burst that followed: 1,400 instead
+-- of 12,000 messages a second at 200,000 pending, and a third of its rate beside 50,000
+-- lease rows of another inbox (docs/inbox.md, "Plans made on an empty queue"). Every
+-- statement of these paths finds its rows by an index (the inbox table's pending, ordering,
+-- priority or primary-key index, the side tables' keys), so with sequential scans off the
+-- plan is the same whatever the tables' size when it was made. The functions each worker
+-- calls per message or batch set it (the inbox_mark_* forms, the commit's settle, replay, and
+-- the named mark); the generated functions they call, and the triggers of an adopted table,
+-- run under their setting. A statement with no index to read by (an adopted table without
+-- the indexes docs/inbox.md recommends) still scans, now costed 1e10 higher: past every JIT
+-- threshold, so each of these functions also sets jit = off.
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -5647,6 +5667,8 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- resets messages (as the table owner) and their leases of any inbox for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_get(p_name);
@@ -6708,6 +6730,21 @@ $$;
 -- they build for a managed and an adopted inbox is committed in
 -- tests/expected/inbox_generated_*.sql.
 
+-- The test "not processed yet" (`t.<processed_at> IS NULL`) of a statement that finds its
+-- rows by id: a mark, a failure report, the commit's settle. Written as a CASE, which means the
+-- same, so that the planner cannot prove from it the predicate of the pending index
+-- (`WHERE processed_at IS NULL`): it could then read that index, filtered by id, instead of
+-- the primary key. A plan made while the table was nearly empty, when both cost nothing, did
+-- so, and read every pending message at each call once a burst had arrived (docs/inbox.md,
+-- "Plans made on an empty queue"). Only the primary key can find these rows now.
+CREATE OR REPLACE FUNCTION mailbox._inbox_sql_unprocessed(p_column text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('CASE WHEN t.%I IS NULL THEN TRUE END', p_column);
+$$;
+
 -- What a receive's INSERT is made of, from the catalog row (see _inbox_build_receive).
 CREATE OR REPLACE FUNCTION mailbox._inbox_receive_parts(p_inbox mailbox._inbox)
 RETURNS TABLE (cols text[], vals text[], unmapped int[], smallint_priority boolean)
@@ -6860,7 +6897,7 @@ LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND %9$s
     RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
@@ -6869,7 +6906,8 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        mailbox._inbox_sql_unprocessed(c ->> 'processed_at'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -6882,7 +6920,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
-     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
+     WHERE t.%4$I = %5$s AND %7$s AND t.%2$I < ($1).max_retries
     RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
     IF v_id IS NOT NULL THEN
         RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
@@ -6892,7 +6930,8 @@ AS $$
                                 ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
         CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
-        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at',
+        mailbox._inbox_sql_unprocessed(c ->> 'processed_at'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -7305,8 +7344,10 @@ BEGIN
                FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
             'boolean', $d$
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+        -- (its UPDATE and lease DELETE: plans made on an empty queue, part 33, inbox_claim)
         PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
-    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)),
+            ' SET enable_seqscan = off SET jit = off');
     END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();
@@ -7641,7 +7682,7 @@ BEGIN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp()
-     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND t.%3$I IS NULL;
+     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND %8$s;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
@@ -7651,7 +7692,8 @@ BEGIN
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
         p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
-        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key);
+        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key,
+        mailbox._inbox_sql_unprocessed(p_inbox.columns ->> 'processed_at'));
 END
 $$;
 
@@ -8073,6 +8115,8 @@ AS $$
 DECLARE
     c jsonb := p_inbox.columns;
     v_table text := mailbox._inbox_table_sql(p_inbox);
+    -- (the marks' and the settle's test by id: part 35, builders, _inbox_sql_unprocessed)
+    v_unprocessed text := mailbox._inbox_sql_unprocessed(p_inbox.columns ->> 'processed_at');
     v_roles text[] := mailbox._inbox_receive_roles();
     v_tests text[] := ARRAY[]::text[];
     v_raise text := '';
@@ -8180,7 +8224,7 @@ BEGIN
         pg_catalog.format($b$
         WITH d AS (
             UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
-             WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL
+             WHERE t.%3$I = ANY (%4$s) AND %9$s
             RETURNING ROW(t.%3$I::pg_catalog.text, %5$s, %6$s)::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(%7$s) INTO v_result, v_ordered FROM d;%8$s
@@ -8190,7 +8234,8 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        v_unprocessed));
 
     -- processed_count(row, ids): the same mark returning only how many it marked, for
     -- inbox_mark_processed when the ids are exactly a claim of its transaction on an unordered
@@ -8204,14 +8249,15 @@ BEGIN
     v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
-     WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL;
+     WHERE t.%3$I = ANY (%4$s) AND %7$s;
     GET DIAGNOSTICS v_result = ROW_COUNT;
     IF v_result > 0 THEN
         v_ordered := %5$s;
     END IF;%6$s
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        v_unprocessed));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)
@@ -8220,10 +8266,10 @@ BEGIN
         pg_catalog.format($b$
         SELECT pg_catalog.array_agg(t.%3$I::pg_catalog.text) INTO v_result
           FROM %1$s AS t
-         WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL AND t.%5$I < ($1).max_retries;
+         WHERE t.%3$I = ANY (%4$s) AND %6$s AND t.%5$I < ($1).max_retries;
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
-        c ->> 'retry_count'));
+        c ->> 'retry_count', v_unprocessed));
 END
 $$;
 
@@ -8332,6 +8378,8 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'process');
@@ -8496,6 +8544,8 @@ RETURNS TABLE (event_id text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_batch_start(p_inbox, 'process');
@@ -8732,6 +8782,8 @@ RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- writes the leases of any inbox at the commit of a mailbox_consumer's claim
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 BEGIN
     -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call

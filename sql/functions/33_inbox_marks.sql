@@ -15,6 +15,8 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease/ordering state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox;
@@ -105,6 +107,8 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- updates the lease state of any inbox for mailbox_consumer
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox;

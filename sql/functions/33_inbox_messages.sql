@@ -155,6 +155,22 @@ SET plan_cache_mode = force_generic_plan
 -- above some 120,000 of them its cost passes jit_above_cost (100,000 by default) and every
 -- claim compiled its query again, about 8 ms, eight times a claim of 100 (docs/inbox.md)
 SET jit = off
+-- and never a sequential scan. A session keeps the plans of a function's statements until
+-- the tables they read change in the catalog (a VACUUM or ANALYZE, or DDL). So a worker that
+-- polled an empty inbox just vacuumed (a drained queue's table is cut to no pages) planned
+-- its claim, its marks and its lookups in the lease and open-claim tables as scans of empty
+-- tables, and kept scanning the whole table through the burst that followed: 1,400 instead
+-- of 12,000 messages a second at 200,000 pending, and a third of its rate beside 50,000
+-- lease rows of another inbox (docs/inbox.md, "Plans made on an empty queue"). Every
+-- statement of these paths finds its rows by an index (the inbox table's pending, ordering,
+-- priority or primary-key index, the side tables' keys), so with sequential scans off the
+-- plan is the same whatever the tables' size when it was made. The functions each worker
+-- calls per message or batch set it (the inbox_mark_* forms, the commit's settle, replay, and
+-- the named mark); the generated functions they call, and the triggers of an adopted table,
+-- run under their setting. A statement with no index to read by (an adopted table without
+-- the indexes docs/inbox.md recommends) still scans, now costed 1e10 higher: past every JIT
+-- threshold, so each of these functions also sets jit = off.
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -8,6 +8,8 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- resets messages (as the table owner) and their leases of any inbox for mailbox_admin
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 DECLARE
     v_inbox mailbox._inbox := mailbox._inbox_get(p_name);

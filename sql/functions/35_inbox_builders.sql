@@ -5,6 +5,21 @@
 -- they build for a managed and an adopted inbox is committed in
 -- tests/expected/inbox_generated_*.sql.
 
+-- The test "not processed yet" (`t.<processed_at> IS NULL`) of a statement that finds its
+-- rows by id: a mark, a failure report, the commit's settle. Written as a CASE, which means the
+-- same, so that the planner cannot prove from it the predicate of the pending index
+-- (`WHERE processed_at IS NULL`): it could then read that index, filtered by id, instead of
+-- the primary key. A plan made while the table was nearly empty, when both cost nothing, did
+-- so, and read every pending message at each call once a burst had arrived (docs/inbox.md,
+-- "Plans made on an empty queue"). Only the primary key can find these rows now.
+CREATE FUNCTION mailbox._inbox_sql_unprocessed(p_column text)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.format('CASE WHEN t.%I IS NULL THEN TRUE END', p_column);
+$$;
+
 -- What a receive's INSERT is made of, from the catalog row (see _inbox_build_receive).
 CREATE FUNCTION mailbox._inbox_receive_parts(p_inbox mailbox._inbox)
 RETURNS TABLE (cols text[], vals text[], unmapped int[], smallint_priority boolean)
@@ -157,7 +172,7 @@ LANGUAGE sql STABLE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
-    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND t.%2$I IS NULL
+    UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp() WHERE t.%3$I = %4$s AND %9$s
     RETURNING t.%3$I::pg_catalog.text, %5$s, %6$s, %7$s INTO v_id, v_aggregate, v_seq, v_ordered;%8$s
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'event_id',
@@ -166,7 +181,8 @@ AS $$
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'))
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        mailbox._inbox_sql_unprocessed(c ->> 'processed_at'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;
 
@@ -179,7 +195,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = t.%2$I + 1%3$s
-     WHERE t.%4$I = %5$s AND t.%6$I IS NULL AND t.%2$I < ($1).max_retries
+     WHERE t.%4$I = %5$s AND %7$s AND t.%2$I < ($1).max_retries
     RETURNING t.%4$I::pg_catalog.text, t.%2$I INTO v_id, v_retries;
     IF v_id IS NOT NULL THEN
         RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
@@ -189,6 +205,7 @@ AS $$
                                 ELSE 'dead' END)::mailbox._inbox_attempt;$b$,
         mailbox._inbox_table_sql(p_inbox), c ->> 'retry_count',
         CASE WHEN c ? 'error' THEN pg_catalog.format(', %I = $3', c ->> 'error') ELSE '' END,
-        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at')
+        c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2), c ->> 'processed_at',
+        mailbox._inbox_sql_unprocessed(c ->> 'processed_at'))
       FROM (SELECT p_inbox.columns AS c) AS x;
 $$;

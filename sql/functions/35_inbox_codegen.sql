@@ -233,8 +233,10 @@ BEGIN
                FROM mailbox._inbox_roles() AS r WHERE r.receive_position IS NOT NULL),
             'boolean', $d$
     v_new pg_catalog.bool;$d$, mailbox._inbox_build_receive_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+        -- (its UPDATE and lease DELETE: plans made on an empty queue, part 33, inbox_claim)
         PERFORM mailbox._inbox_define(p_inbox, 'processed_named', 'text', 'boolean', $d$
-    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)));
+    v_done pg_catalog.bool;$d$, mailbox._inbox_build_processed_named(p_inbox, mailbox._inbox_named_version(p_inbox)),
+            ' SET enable_seqscan = off SET jit = off');
     END IF;
     -- the public functions reach the new ones without a dynamic call (part 35, routes)
     PERFORM mailbox._inbox_build_routes();

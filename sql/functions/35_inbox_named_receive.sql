@@ -195,7 +195,7 @@ BEGIN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     UPDATE %2$s AS t SET %3$I = pg_catalog.clock_timestamp()
-     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND t.%3$I IS NULL;
+     WHERE t.%4$I = $2 COLLATE pg_catalog."default" AND %8$s;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting(%7$L, TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
@@ -205,7 +205,8 @@ BEGIN
     RETURN v_done;$b$,
         mailbox._inbox_build_named_table_check(p_inbox, p_version), v_table,
         p_inbox.columns ->> 'processed_at', p_inbox.columns ->> 'event_id', p_inbox.inbox_key,
-        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key);
+        mailbox._inbox_build_named_check(p_inbox, p_version), 'mailbox.claim_unleased_' || p_inbox.inbox_key,
+        mailbox._inbox_sql_unprocessed(p_inbox.columns ->> 'processed_at'));
 END
 $$;
 

@@ -21,6 +21,8 @@ AS $$
 DECLARE
     c jsonb := p_inbox.columns;
     v_table text := mailbox._inbox_table_sql(p_inbox);
+    -- (the marks' and the settle's test by id: part 35, builders, _inbox_sql_unprocessed)
+    v_unprocessed text := mailbox._inbox_sql_unprocessed(p_inbox.columns ->> 'processed_at');
     v_roles text[] := mailbox._inbox_receive_roles();
     v_tests text[] := ARRAY[]::text[];
     v_raise text := '';
@@ -128,7 +130,7 @@ BEGIN
         pg_catalog.format($b$
         WITH d AS (
             UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
-             WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL
+             WHERE t.%3$I = ANY (%4$s) AND %9$s
             RETURNING ROW(t.%3$I::pg_catalog.text, %5$s, %6$s)::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(%7$s) INTO v_result, v_ordered FROM d;%8$s
@@ -138,7 +140,8 @@ BEGIN
              ELSE mailbox._inbox_item(c, 'aggregate_id', 'pg_catalog.text') END,
         CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN 'NULL::pg_catalog.int8'
              ELSE mailbox._inbox_item(c, 'sequence_num', 'pg_catalog.int8') END,
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        v_unprocessed));
 
     -- processed_count(row, ids): the same mark returning only how many it marked, for
     -- inbox_mark_processed when the ids are exactly a claim of its transaction on an unordered
@@ -152,14 +155,15 @@ BEGIN
     v_ordered pg_catalog.bool;$d$,
         pg_catalog.format($b$
     UPDATE %1$s AS t SET %2$I = pg_catalog.clock_timestamp()
-     WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL;
+     WHERE t.%3$I = ANY (%4$s) AND %7$s;
     GET DIAGNOSTICS v_result = ROW_COUNT;
     IF v_result > 0 THEN
         v_ordered := %5$s;
     END IF;%6$s
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
-        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark')));
+        mailbox._inbox_build_ordered_now(p_inbox), mailbox._inbox_build_refuse_ordered(p_inbox, 'v_ordered', 'mark'),
+        v_unprocessed));
 
     -- unsettled(row, ids): those of the ids whose messages are still pending (neither
     -- processed nor dead letters), for the commit-time settling of a claim (part 37)
@@ -168,9 +172,9 @@ BEGIN
         pg_catalog.format($b$
         SELECT pg_catalog.array_agg(t.%3$I::pg_catalog.text) INTO v_result
           FROM %1$s AS t
-         WHERE t.%3$I = ANY (%4$s) AND t.%2$I IS NULL AND t.%5$I < ($1).max_retries;
+         WHERE t.%3$I = ANY (%4$s) AND %6$s AND t.%5$I < ($1).max_retries;
     RETURN v_result;$b$,
         v_table, c ->> 'processed_at', c ->> 'event_id', mailbox._inbox_param(p_inbox, 'event_id', 2, TRUE),
-        c ->> 'retry_count'));
+        c ->> 'retry_count', v_unprocessed));
 END
 $$;

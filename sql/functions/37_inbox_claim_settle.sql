@@ -202,6 +202,8 @@ RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER -- writes the leases of any inbox at the commit of a mailbox_consumer's claim
 SET search_path = pg_catalog, mailbox, pg_temp
+SET enable_seqscan = off -- plans made on an empty queue (part 33, inbox_claim)
+SET jit = off -- (and why, with it: part 33, inbox_claim)
 AS $$
 BEGIN
     -- a claim marked in full by a batch mark was settled (deleted) there: nothing to call

@@ -72,7 +72,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     UPDATE public.legacy AS t SET tries = t.tries + 1
-     WHERE t.id = $2 AND t.done IS NULL AND t.tries < ($1).max_retries
+     WHERE t.id = $2 AND CASE WHEN t.done IS NULL THEN TRUE END AND t.tries < ($1).max_retries
     RETURNING t.id::pg_catalog.text, t.tries INTO v_id, v_retries;
     IF v_id IS NOT NULL THEN
         RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
@@ -109,7 +109,7 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
-    UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp() WHERE t.id = $2 AND t.done IS NULL
+    UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp() WHERE t.id = $2 AND CASE WHEN t.done IS NULL THEN TRUE END
     RETURNING t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8, (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL INTO v_id, v_aggregate, v_seq, v_ordered;
     IF v_ordered THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
@@ -147,7 +147,7 @@ BEGIN
     END IF;
         WITH d AS (
             UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp()
-             WHERE t.id = ANY ($2) AND t.done IS NULL
+             WHERE t.id = ANY ($2) AND CASE WHEN t.done IS NULL THEN TRUE END
             RETURNING ROW(t.id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8)::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or((SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL) INTO v_result, v_ordered FROM d;
@@ -186,7 +186,7 @@ BEGIN
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     UPDATE public.legacy AS t SET done = pg_catalog.clock_timestamp()
-     WHERE t.id = ANY ($2) AND t.done IS NULL;
+     WHERE t.id = ANY ($2) AND CASE WHEN t.done IS NULL THEN TRUE END;
     GET DIAGNOSTICS v_result = ROW_COUNT;
     IF v_result > 0 THEN
         v_ordered := (SELECT c.ordering_first_sequence FROM mailbox._inbox_1_config AS c) IS NOT NULL;
@@ -402,7 +402,7 @@ BEGIN
     END IF;
         SELECT pg_catalog.array_agg(t.id::pg_catalog.text) INTO v_result
           FROM public.legacy AS t
-         WHERE t.id = ANY ($2) AND t.done IS NULL AND t.tries < ($1).max_retries;
+         WHERE t.id = ANY ($2) AND CASE WHEN t.done IS NULL THEN TRUE END AND t.tries < ($1).max_retries;
     RETURN v_result;
 END$function$
 

@@ -119,7 +119,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
-     WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+     WHERE t.event_id = $2 AND CASE WHEN t.processed_at IS NULL THEN TRUE END AND t.retry_count < ($1).max_retries
     RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
     IF v_id IS NOT NULL THEN
         RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
@@ -154,7 +154,7 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
-    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND CASE WHEN t.processed_at IS NULL THEN TRUE END
     RETURNING t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8), FALSE INTO v_id, v_aggregate, v_seq, v_ordered;
     RETURN ROW(v_id, v_aggregate, v_seq)::mailbox._inbox_done;
 END$function$
@@ -184,7 +184,7 @@ BEGIN
     END IF;
         WITH d AS (
             UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-             WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL
+             WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END
             RETURNING ROW(t.event_id::pg_catalog.text, CAST(t.aggregate_id AS pg_catalog.text), CAST(t.sequence_num AS pg_catalog.int8))::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or(FALSE) INTO v_result, v_ordered FROM d;
@@ -215,7 +215,7 @@ BEGIN
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-     WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL;
+     WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END;
     GET DIAGNOSTICS v_result = ROW_COUNT;
     IF v_result > 0 THEN
         v_ordered := FALSE;
@@ -228,6 +228,8 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -470,7 +472,7 @@ BEGIN
     END IF;
         SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
           FROM mailbox.gen AS t
-         WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
+         WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END AND t.retry_count < ($1).max_retries;
     RETURN v_result;
 END$function$
 

@@ -66,7 +66,7 @@ BEGIN
                   HINT = 'Drop the inbox with mailbox.drop_inbox() and make it again.';
     END IF;
     UPDATE mailbox.gen AS t SET retry_count = t.retry_count + 1, error = $3
-     WHERE t.event_id = $2 AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries
+     WHERE t.event_id = $2 AND CASE WHEN t.processed_at IS NULL THEN TRUE END AND t.retry_count < ($1).max_retries
     RETURNING t.event_id::pg_catalog.text, t.retry_count INTO v_id, v_retries;
     IF v_id IS NOT NULL THEN
         RETURN ROW(v_id, v_retries, 'counted')::mailbox._inbox_attempt;
@@ -101,7 +101,7 @@ BEGIN
                   DETAIL = 'This session still runs the inbox functions of the configuration it first saw.',
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
-    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND t.processed_at IS NULL
+    UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp() WHERE t.event_id = $2 AND CASE WHEN t.processed_at IS NULL THEN TRUE END
     RETURNING t.event_id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8, (SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = 1) IS NOT NULL INTO v_id, v_aggregate, v_seq, v_ordered;
     IF v_ordered THEN
         RAISE EXCEPTION 'inbox % changed its ordering or priority while this transaction was open', ($1).inbox_name
@@ -137,7 +137,7 @@ BEGIN
     END IF;
         WITH d AS (
             UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-             WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL
+             WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END
             RETURNING ROW(t.event_id::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8)::mailbox._inbox_done AS r
         )
         SELECT pg_catalog.array_agg(d.r), pg_catalog.bool_or((SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = 1) IS NOT NULL) INTO v_result, v_ordered FROM d;
@@ -174,7 +174,7 @@ BEGIN
                   HINT = 'Retry the transaction: the next one uses the new configuration.';
     END IF;
     UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-     WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL;
+     WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END;
     GET DIAGNOSTICS v_result = ROW_COUNT;
     IF v_result > 0 THEN
         v_ordered := (SELECT i.ordering_first_sequence FROM mailbox._inbox AS i WHERE i.inbox_key = 1) IS NOT NULL;
@@ -193,6 +193,8 @@ CREATE OR REPLACE FUNCTION mailbox._inbox_1_processed_named(mailbox._inbox, text
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'mailbox', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -211,7 +213,7 @@ BEGIN
         RETURN NULL; -- inbox_mark_processed's full path raises the error
     END IF;
     UPDATE mailbox.gen AS t SET processed_at = pg_catalog.clock_timestamp()
-     WHERE t.event_id = $2 COLLATE pg_catalog."default" AND t.processed_at IS NULL;
+     WHERE t.event_id = $2 COLLATE pg_catalog."default" AND CASE WHEN t.processed_at IS NULL THEN TRUE END;
     v_done := FOUND;
     IF v_done AND pg_catalog.current_setting('mailbox.claim_unleased_1', TRUE) IS DISTINCT FROM 'on' THEN
         DELETE FROM mailbox._inbox_lease AS l
@@ -381,7 +383,7 @@ BEGIN
     END IF;
         SELECT pg_catalog.array_agg(t.event_id::pg_catalog.text) INTO v_result
           FROM mailbox.gen AS t
-         WHERE t.event_id = ANY ($2) AND t.processed_at IS NULL AND t.retry_count < ($1).max_retries;
+         WHERE t.event_id = ANY ($2) AND CASE WHEN t.processed_at IS NULL THEN TRUE END AND t.retry_count < ($1).max_retries;
     RETURN v_result;
 END$function$
 

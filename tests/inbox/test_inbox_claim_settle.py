@@ -541,9 +541,9 @@ def test_a_claim_reads_its_own_open_claims_only_however_many_dead_ones_wait_for_
     removes them, a lookup by inbox alone read them all (an index on the inbox merged them
     into posting lists it could not mark dead, and a snapshot older than they are, such as a
     long report's, keeps any index from marking them), about 150 us a claim at 2,000. The
-    lookup by inbox and transaction reads a few blocks, whatever lies dead. (A table never
-    vacuumed, as here, is planned with the index; after a VACUUM left it empty the planner
-    may scan the heap instead, which pruning keeps to a few pages: docs/benchmarks.md.)"""
+    lookup by inbox and transaction reads a few blocks, whatever lies dead. (Always by the
+    index: the claim and the marks run with sequential scans off, so not even a plan made
+    after a VACUUM left the table empty scans its heap: tests/inbox/test_inbox_plans.py.)"""
     q.execute("ALTER TABLE mailbox._inbox_open_claim SET (autovacuum_enabled = false)")
     q.execute(
         "SELECT count(*) FROM mailbox.inbox_receive_batch('q', (SELECT jsonb_agg("

@@ -60,14 +60,21 @@ def test_create_makes_private_functions_and_drop_removes_them(db):
     # them already as that owner: invoker functions with no SET clause of their own; but the
     # named receive and mark, which the callers of the inlined inbox_receive and
     # inbox_mark_processed call themselves (part 35, named receive): SECURITY DEFINER with a
-    # pinned search_path
+    # pinned search_path (and the named mark's plans never sequential scans: docs/inbox.md,
+    # "Plans made on an empty queue")
     extension_owner = scalar(
         db, "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'pg_mailbox'"
     )
     for name, definer, config, public, owner in got:
         assert not public and owner == extension_owner
-        if name.endswith("_named"):
+        if name.endswith("_receive_named"):
             assert definer and config == ["search_path=pg_catalog, mailbox, pg_temp"], name
+        elif name.endswith("_processed_named"):
+            assert definer and config == [
+                "search_path=pg_catalog, mailbox, pg_temp",
+                "enable_seqscan=off",
+                "jit=off",
+            ], name
         else:
             assert not definer and config is None, name
     # nobody else may call them, and a superuser that is not their owner is refused
