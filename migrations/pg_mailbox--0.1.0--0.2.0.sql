@@ -6866,7 +6866,11 @@ $$;
 -- a lease may last (the catalog row's held_until); without it the head was taken as a
 -- candidate and only dropped at the lease upsert (part 37), so a claim of one could come
 -- back empty while other aggregates had heads. Otherwise every lease carrying an aggregate
--- is its head's, which the probes before already see.
+-- is its head's, which the probes before already see. The aggregate's messages are read in
+-- the ordering index's order (ORDER BY): the pending index, whose predicate is the same,
+-- would need a sort, so the planner takes the ordering index even for a plan made on a
+-- nearly empty table, where it took the pending index and read it whole at every head
+-- (docs/inbox.md, "Plans made on an empty queue").
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_head_free(p_inbox mailbox._inbox, p_alias text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -6880,7 +6884,7 @@ AS $$
         ' FROM mailbox.%8$I AS a WHERE a.aggregate_id = %2$I.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-        ' OFFSET 0)'
+        ' ORDER BY s.%5$I, s.%6$I OFFSET 0)'
         ' AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM %3$s AS l'
         ' WHERE l.aggregate_id = %2$I.%5$I::text AND l.lease_until > $3 OFFSET 0))',
         c ->> 'event_id', p_alias, mailbox._inbox_lease_sql(p_inbox), mailbox._inbox_table_sql(p_inbox),
@@ -6969,8 +6973,9 @@ $$;
 -- The walk is written once, as the fallback of coalesce: the read gives NULL when it is not
 -- tried (few busy aggregates) or does not answer.
 -- The head test's NOT EXISTS is fenced (OFFSET 0): left to the planner it becomes a hash
--- anti-join over the whole table. So is the array (h): pulled up, the planner copies it into
--- both places that use it and runs the read twice.
+-- anti-join over the whole table; and it reads in the ordering index's order, as the head
+-- test of part 35, builders (_inbox_build_head_free), says why. So is the array (h) fenced:
+-- pulled up, the planner copies it into both places that use it and runs the read twice.
 CREATE OR REPLACE FUNCTION mailbox._inbox_build_claim_heads(p_inbox mailbox._inbox)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -6989,7 +6994,7 @@ AS $$
         ' AND r.%6$I <= coalesce((SELECT a.last_seq FROM mailbox.%8$I AS a WHERE a.aggregate_id = r.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND NOT EXISTS (SELECT 1 FROM %9$s AS s WHERE s.%5$I = r.%5$I AND s.%10$I IS NULL'
-        ' AND s.%6$I <= r.%6$I AND (s.%6$I < r.%6$I OR s.%1$I < r.%1$I) OFFSET 0)'
+        ' AND s.%6$I <= r.%6$I AND (s.%6$I < r.%6$I OR s.%1$I < r.%1$I) ORDER BY s.%5$I, s.%6$I OFFSET 0)'
         ' AND %11$s LIMIT $2 * 4 + 16) AS heads OFFSET 0) AS h) END, %3$s))',
         c ->> 'event_id', mailbox._inbox_pending_aggs_sql(p_inbox, mailbox._inbox_table_sql(p_inbox)), walk,
         c ->> 'received_at', c ->> 'aggregate_id', c ->> 'sequence_num', c ->> 'retry_count',
@@ -7077,7 +7082,7 @@ AS $$
         RETURN ARRAY(
             SELECT ROW(%1$s)::mailbox._inbox_message
               FROM (SELECT t.* FROM %3$s AS t
-                     WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
+                     WHERE %4$s AND t.%5$I < ($1).max_retries%6$s
                      ORDER BY %2$s
                      LIMIT $2
                        FOR UPDATE OF t SKIP LOCKED) AS t);
@@ -7085,7 +7090,7 @@ AS $$
     RETURN ARRAY(
         SELECT ROW(%1$s)::mailbox._inbox_message
           FROM (SELECT t.* FROM %3$s AS t
-                 WHERE t.%4$I IS NULL AND t.%5$I < ($1).max_retries%6$s
+                 WHERE %4$s AND t.%5$I < ($1).max_retries%6$s
                    AND %7$s
                  ORDER BY %2$s
                  LIMIT $2
@@ -7093,8 +7098,12 @@ AS $$
         mailbox._inbox_build_message_items(c),
         CASE WHEN p_inbox.priority_tiers IS NOT NULL THEN mailbox._inbox_col(c, 'priority') || ', ' ELSE '' END
             || mailbox._inbox_col(c, 'received_at'),
-        mailbox._inbox_table_sql(p_inbox), c ->> 'processed_at', c ->> 'retry_count',
-        mailbox._inbox_build_claim_heads(p_inbox),
+        mailbox._inbox_table_sql(p_inbox),
+        -- an ordered claim takes its heads by id: by the primary key, never a partial index
+        -- read whole and filtered (part 35, builders, _inbox_sql_unprocessed)
+        CASE WHEN p_inbox.ordering_first_sequence IS NULL THEN pg_catalog.format('t.%I IS NULL', c ->> 'processed_at')
+             ELSE mailbox._inbox_sql_unprocessed(c ->> 'processed_at') END,
+        c ->> 'retry_count', mailbox._inbox_build_claim_heads(p_inbox),
         CASE WHEN p_inbox.ordering_first_sequence IS NOT NULL OR p_inbox.priority_tiers IS NOT NULL THEN lookup
              ELSE pg_catalog.format($x$CASE WHEN $4 THEN t.%2$I IS NULL OR t.%2$I::pg_catalog.text NOT IN (
                                     SELECT pg_catalog.unnest(ARRAY(SELECT l.event_id FROM %1$s AS l

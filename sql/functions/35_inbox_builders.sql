@@ -141,7 +141,11 @@ $$;
 -- a lease may last (the catalog row's held_until); without it the head was taken as a
 -- candidate and only dropped at the lease upsert (part 37), so a claim of one could come
 -- back empty while other aggregates had heads. Otherwise every lease carrying an aggregate
--- is its head's, which the probes before already see.
+-- is its head's, which the probes before already see. The aggregate's messages are read in
+-- the ordering index's order (ORDER BY): the pending index, whose predicate is the same,
+-- would need a sort, so the planner takes the ordering index even for a plan made on a
+-- nearly empty table, where it took the pending index and read it whole at every head
+-- (docs/inbox.md, "Plans made on an empty queue").
 CREATE FUNCTION mailbox._inbox_build_head_free(p_inbox mailbox._inbox, p_alias text)
 RETURNS text
 LANGUAGE sql STABLE SECURITY INVOKER
@@ -155,7 +159,7 @@ AS $$
         ' FROM mailbox.%8$I AS a WHERE a.aggregate_id = %2$I.%5$I::text),'
         ' ($1).ordering_first_sequence - 1) + 1'
         ' AND EXISTS (SELECT 1 FROM %3$s AS l WHERE l.event_id = s.%1$I::text AND l.lease_until > $3 OFFSET 0)'
-        ' OFFSET 0)'
+        ' ORDER BY s.%5$I, s.%6$I OFFSET 0)'
         ' AND (($1).held_until IS NULL OR ($1).held_until <= $3 OR NOT EXISTS (SELECT 1 FROM %3$s AS l'
         ' WHERE l.aggregate_id = %2$I.%5$I::text AND l.lease_until > $3 OFFSET 0))',
         c ->> 'event_id', p_alias, mailbox._inbox_lease_sql(p_inbox), mailbox._inbox_table_sql(p_inbox),
